@@ -1,0 +1,52 @@
+"""Plain Django views: health check and the benchmark's raw-insert ceiling."""
+
+import json
+import uuid
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http import Http404, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from notifications.models import Notification
+
+
+@require_GET
+def healthz(request):
+    """200 when the database answers a query, else 503."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except DatabaseError:
+        return JsonResponse({"status": "unavailable", "database": "down"}, status=503)
+    return JsonResponse({"status": "ok", "database": "up"})
+
+
+@csrf_exempt
+@require_POST
+def bench_raw_insert(request):
+    """The ingest benchmark's ceiling: the same row inserted with no auth and no validation.
+
+    Mounted only when OUTBOX_BENCH_RAW_VIEW is true (never in production).
+    """
+    if not settings.OUTBOX_BENCH_RAW_VIEW:
+        raise Http404
+    data = json.loads(request.body)
+    now = timezone.now()
+    notification = Notification.objects.create(
+        notification_id=uuid.UUID(data["notification_id"]),
+        type=data.get("type", "email"),
+        list_name=data["list_name"],
+        subject=data["subject"],
+        body=data["body"],
+        type_data=data.get("type_data", {}),
+        source_site_id="bench",
+        site_enqueued_at=now,
+        created_at=now,
+        next_attempt_at=now,
+        fingerprint="",
+    )
+    return JsonResponse({"notification_id": str(notification.notification_id)}, status=201)

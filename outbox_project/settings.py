@@ -1,0 +1,187 @@
+"""Settings for Outbox, read from the environment (and an optional `.env` file).
+
+Every option has an explicit type and default; a value that cannot be parsed stops the
+process at start with a message naming the variable.
+"""
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+
+def _read(name, cast, default):
+    """Read one variable, naming it when the value does not parse."""
+    try:
+        return getattr(env, cast)(name, default=default)
+    except (ValueError, TypeError, ImproperlyConfigured) as exc:
+        raise ImproperlyConfigured(f"Environment variable {name} is invalid: {exc}") from exc
+
+
+def _positive(name, default, cast="int"):
+    value = _read(name, cast, default)
+    if value <= 0:
+        raise ImproperlyConfigured(f"Environment variable {name} must be positive, got {value!r}")
+    return value
+
+
+DEBUG = _read("DEBUG", "bool", False)
+SECRET_KEY = _read("SECRET_KEY", "str", "")
+if not SECRET_KEY:
+    if not DEBUG and _read("OUTBOX_REQUIRE_SECRET_KEY", "bool", False):
+        raise ImproperlyConfigured("Environment variable SECRET_KEY must be set in production")
+    # Development fallback: stable per checkout so sessions survive restarts. Production sets
+    # SECRET_KEY (see README, "Configuration").
+    SECRET_KEY = "insecure-dev-key-" + str(BASE_DIR)
+ALLOWED_HOSTS = _read("ALLOWED_HOSTS", "list", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = _read("CSRF_TRUSTED_ORIGINS", "list", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework_api_key",
+    "django_filters",
+    "drf_spectacular",
+    "django_q",
+    "notifications",
+    "sites",
+]
+
+MIDDLEWARE = [
+    "notifications.middleware.ApiGuardMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "outbox_project.urls"
+WSGI_APPLICATION = "outbox_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+# SQLite under var/ is the embedded default; production sets DATABASE_URL=postgres://…
+try:
+    DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'outbox.sqlite3'}")}
+except (ValueError, ImproperlyConfigured) as exc:
+    raise ImproperlyConfigured(f"Environment variable DATABASE_URL is invalid: {exc}") from exc
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    VAR_DIR.mkdir(exist_ok=True)
+    DATABASES["default"]["OPTIONS"] = {
+        # IMMEDIATE takes the write lock at BEGIN, so two writers queue instead of deadlocking.
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    # A connection per request costs about 5x ingest throughput; keep them, but check them.
+    DATABASES["default"]["CONN_MAX_AGE"] = _read("CONN_MAX_AGE", "int", 600)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = _read("STATIC_ROOT", "str", str(VAR_DIR / "static"))
+
+# --- REST API -------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["sites.authentication.SiteKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["sites.authentication.IsActiveSite"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "notifications.api.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Outbox API",
+    "DESCRIPTION": "Ingest and status API for site notifications (see DESIGN §3).",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+API_KEY_CUSTOM_HEADER = "HTTP_AUTHORIZATION"
+
+# --- Outbox options -------------------------------------------------------------------------
+OUTBOX_DISPATCH_INTERVAL = _positive("OUTBOX_DISPATCH_INTERVAL", 5.0, "float")  # seconds
+OUTBOX_STUCK_AGE = _positive("OUTBOX_STUCK_AGE", 600, "int")  # seconds
+OUTBOX_RETENTION_DAYS = _positive("OUTBOX_RETENTION_DAYS", 365, "int")
+OUTBOX_BATCH_SIZE = _positive("OUTBOX_BATCH_SIZE", 200, "int")  # rows claimed per pass
+OUTBOX_CONCURRENCY = _positive("OUTBOX_CONCURRENCY", 16, "int")  # delivery threads
+OUTBOX_LEASE_SECONDS = _positive("OUTBOX_LEASE_SECONDS", 120, "int")
+OUTBOX_KPI_INTERVAL = _positive("OUTBOX_KPI_INTERVAL", 3600, "int")  # "delivered in last…"
+OUTBOX_MAX_BODY_BYTES = _positive("OUTBOX_MAX_BODY_BYTES", 1_048_576, "int")
+OUTBOX_BATCH_MAX_ITEMS = _positive("OUTBOX_BATCH_MAX_ITEMS", 1000, "int")
+OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 5000, "int")
+OUTBOX_BENCH_RAW_VIEW = _read("OUTBOX_BENCH_RAW_VIEW", "bool", False)
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = OUTBOX_MAX_BODY_BYTES
+
+# --- Worker (django-q2) ---------------------------------------------------------------------
+# The ORM broker lives in the default database. A task must never outlive its broker lease
+# (`retry`), or a second worker would run it again: timeout < retry, and dispatch passes are
+# themselves time-boxed well below `timeout`.
+Q_CLUSTER = {
+    "name": "outbox",
+    "orm": "default",
+    "workers": _positive("OUTBOX_Q_WORKERS", 2, "int"),
+    "timeout": 90,
+    "retry": 120,
+    "max_attempts": 1,
+    "catch_up": False,
+    "poll": 0.2,
+    "ack_failures": True,
+    "save_limit": 200,
+    "label": "Worker tasks",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": _read("LOG_LEVEL", "str", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,27 @@
+from django.conf import settings
+from django.contrib import admin
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.permissions import AllowAny
+
+from notifications import api, views
+
+urlpatterns = [
+    path("api/v1/notifications/", api.NotificationCollectionView.as_view(), name="notification-list"),
+    path("api/v1/notifications/batch/", api.NotificationBatchView.as_view(), name="notification-batch"),
+    path(
+        "api/v1/notifications/<uuid:notification_id>/",
+        api.NotificationDetailView.as_view(),
+        name="notification-detail",
+    ),
+    path(
+        "api/v1/schema/",
+        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
+        name="schema",
+    ),
+    path("healthz", views.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+]
+
+if settings.OUTBOX_BENCH_RAW_VIEW:
+    urlpatterns.append(path("bench/raw-insert/", views.bench_raw_insert))
