@@ -102,6 +102,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+    # A file, not memory, so that processes a test starts share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_outbox.sqlite3")}
 else:
     # A connection per request costs about 5x ingest throughput; keep them, but check them.
     DATABASES["default"]["CONN_MAX_AGE"] = _read("CONN_MAX_AGE", "int", 600)

@@ -6,3 +6,6 @@ class SitesConfig(AppConfig):
     label = "sites"
     verbose_name = "Sites"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from sites import schema  # noqa: F401  (registers the OpenAPI auth extension)

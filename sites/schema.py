@@ -1,0 +1,16 @@
+"""OpenAPI description of the site-key authentication (imported by SitesConfig.ready)."""
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+
+class SiteKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = "sites.authentication.SiteKeyAuthentication"
+    name = "SiteApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "`Api-Key <key>` — the key issued for the site (create_site_key).",
+        }
