@@ -1,0 +1,42 @@
+# Outbox — everything a newcomer needs is `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test test-fast bench bench-ingest bench-dispatch bench-console bench-agent check clean
+
+help:
+	@echo "make run    - install into .venv, migrate SQLite, load the demo, start web + worker + SMTP catcher"
+	@echo "make test   - install and run the whole test suite (DATABASE_URL=postgres://… for PostgreSQL)"
+	@echo "make bench  - run every benchmark on PostgreSQL and print one summary table"
+
+$(STAMP): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	bash scripts/run.sh
+
+test: $(STAMP)
+	$(PY) manage.py check --fail-level WARNING
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+check: $(STAMP)
+	$(PY) manage.py check
+	$(PY) manage.py makemigrations --check --dry-run
+
+# Benchmarks need PostgreSQL: BENCH_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/…).
+bench-ingest: $(STAMP)
+	$(PY) bench/bench_ingest.py
+
+bench: bench-ingest
+	$(PY) bench/summary.py
+
+clean:
+	rm -rf var/test_outbox.sqlite3* .pytest_cache bench-results test-artifacts
