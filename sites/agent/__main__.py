@@ -1,0 +1,5 @@
+import sys
+
+from sites.agent.cli import main
+
+sys.exit(main())

@@ -1,0 +1,188 @@
+"""A small programmable stand-in for central's ingest API, on a real socket on 127.0.0.1.
+
+Why not the real central: the forwarder's job is to survive answers and faults that a healthy
+central never gives on demand — 503s, 429 with Retry-After, 413 for a batch, timeouts,
+connection resets, a revoked key in the middle of a backlog. This server produces each of them
+deterministically. Tests against the real central (Django) live with the API tests.
+
+By default it behaves like central (DESIGN §3): a new id is 201, the same content again is a
+200 replay, the same id with other content is 422; the batch endpoint answers per item.
+Queue scripted answers with :meth:`FakeCentral.then`; each request consumes one.
+"""
+
+import json
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+GOOD_KEY = "site-key-plant-a"
+
+
+@dataclass
+class Reply:
+    status: int
+    body: object = None
+    headers: dict = field(default_factory=dict)
+
+
+class Reset:
+    """Abort the TCP connection (RST) without answering."""
+
+
+class Hang:
+    """Answer nothing until the test ends, so the client's timeout fires."""
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict
+    body: object
+
+
+class FakeCentral:
+    def __init__(self):
+        self.requests = []
+        self.stored = {}  # notification_id -> payload, what "central" has committed
+        self.script = []
+        self.always = None  # when set, answers every request the script does not
+        self.connections = set()  # client ports seen: how many TCP connections were used
+        self._lock = threading.Condition()
+        self._release = threading.Event()
+        central = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, like gunicorn
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                central._handle(self)
+
+            def do_POST(self):
+                central._handle(self)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # resets and hangs are on purpose
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    # --- programming it -----------------------------------------------------------------------
+
+    def then(self, *behaviours):
+        """Queue answers (Reply, Reset, Hang, or a callable(received) -> Reply) for the next requests."""
+        with self._lock:
+            self.script.extend(behaviours)
+        return self
+
+    def wait_for_requests(self, count, timeout=10):
+        with self._lock:
+            if not self._lock.wait_for(lambda: len(self.requests) >= count, timeout):
+                raise AssertionError(f"central received {len(self.requests)} requests, expected {count}")
+
+    def posted_ids(self):
+        """Every notification id posted, in order (batch items flattened)."""
+        ids = []
+        for received in self.requests:
+            if received.method != "POST":
+                continue
+            if received.path.endswith("/batch/"):
+                ids.extend(item["notification_id"] for item in received.body["notifications"])
+            else:
+                ids.append(received.body["notification_id"])
+        return ids
+
+    # --- serving ------------------------------------------------------------------------------
+
+    def _handle(self, handler):
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        received = Received(handler.command, handler.path, dict(handler.headers), body)
+        with self._lock:
+            self.requests.append(received)
+            self.connections.add(handler.client_address[1])
+            behaviour = self.script.pop(0) if self.script else None
+            self._lock.notify_all()
+        if behaviour is None:
+            behaviour = self.always
+        if behaviour is None:
+            behaviour = self._like_central(received)
+        elif callable(behaviour) and not isinstance(behaviour, type):
+            behaviour = behaviour(received)
+        if isinstance(behaviour, Reset) or behaviour is Reset:
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            handler.connection.close()
+            handler.close_connection = True
+            return
+        if isinstance(behaviour, Hang) or behaviour is Hang:
+            self._release.wait(30)
+            handler.close_connection = True
+            return
+        data = b"" if behaviour.body is None else json.dumps(behaviour.body).encode()
+        handler.send_response(behaviour.status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        for name, value in behaviour.headers.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def _like_central(self, received):
+        if received.headers.get("Authorization") != f"Api-Key {GOOD_KEY}":
+            return Reply(401, {"error": "authentication_failed", "detail": "Invalid API key."})
+        if received.method == "GET":
+            notification_id = received.path.rstrip("/").rsplit("/", 1)[-1]
+            if notification_id in self.stored:
+                return Reply(200, self.status_record(notification_id))
+            return Reply(404, {"error": "not_found", "detail": "No notification with this id for this site."})
+        if received.path.endswith("/batch/"):
+            results = []
+            for item in received.body["notifications"]:
+                outcome = self._ingest(item)
+                if outcome == "conflict":
+                    results.append({"notification_id": item["notification_id"], "result": "rejected",
+                                    "error": "idempotency_conflict",
+                                    "errors": {"notification_id": ["exists with different content"]}})
+                else:
+                    results.append({"notification_id": item["notification_id"], "result": outcome,
+                                    "status": self.status_record(item["notification_id"])})
+            return Reply(200, {"results": results})
+        outcome = self._ingest(received.body)
+        if outcome == "conflict":
+            return Reply(422, {"error": "idempotency_conflict", "detail": "exists with different content"})
+        record = self.status_record(received.body["notification_id"])
+        return Reply(201 if outcome == "created" else 200, record)
+
+    def _ingest(self, item):
+        with self._lock:
+            known = self.stored.get(item["notification_id"])
+            if known is None:
+                self.stored[item["notification_id"]] = item
+                return "created"
+            return "replayed" if known == item else "conflict"
+
+    def status_record(self, notification_id):
+        item = self.stored[notification_id]
+        return {"notification_id": notification_id, "type": item["type"], "list_name": item["list_name"],
+                "status": "Pending", "retry_count": 0, "last_error": "",
+                "site_enqueued_at": item["site_enqueued_at"], "created_at": item["site_enqueued_at"],
+                "last_attempt_at": None, "next_attempt_at": item["site_enqueued_at"], "delivered_at": None}
