@@ -11,9 +11,11 @@ import json
 import math
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
+from types import SimpleNamespace
 from datetime import datetime, timezone as dt_timezone
 
-from django.db import connection
+from django.db import connection, models
 from django.utils import timezone
 
 from notifications.adapters import ADAPTER_PATHS
@@ -51,25 +53,30 @@ class NotificationInput:
     site_enqueued_at: datetime | None  # None: the site did not say; central uses "now"
     source_site_id: str | None
 
-    @property
+    @cached_property
     def fingerprint(self):
-        """sha256 of the content; two submissions with one id must agree on it."""
-        content = [
-            self.type, self.list_name, self.subject, self.body, self.type_data,
+        """sha256 of the content; two submissions with one id must agree on it.
+
+        Fields are joined with NUL, which validation keeps out of every field, so two
+        different submissions cannot produce the same joined text.
+        """
+        parts = (
+            self.type, self.list_name, self.subject, self.body,
+            json.dumps(self.type_data, sort_keys=True, separators=(",", ":")) if self.type_data else "{}",
             self.source_instance_id, self.source_script,
-            self.site_enqueued_at.isoformat() if self.site_enqueued_at else None,
-        ]  # fmt: skip
-        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return hashlib.sha256(canonical.encode()).hexdigest()
+            self.site_enqueued_at.isoformat() if self.site_enqueued_at else "",
+        )  # fmt: skip
+        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
 class IngestOutcome:
-    """``result`` is "created", "replayed" or "conflict"; ``notification`` is None on conflict."""
+    """``result`` is "created", "replayed" or "conflict". ``notification`` has the row's
+    attributes (a Notification, or its values when just inserted); None on conflict."""
 
     notification_id: uuid.UUID
     result: str
-    notification: Notification | None
+    notification: object
 
 
 def _text_problem(value, field):
@@ -238,24 +245,23 @@ def notifications_ingest(*, site_id, inputs):
     for start in range(0, len(rows), INSERT_CHUNK):
         inserted |= _insert_ignoring_conflicts(rows[start : start + INSERT_CHUNK])
 
-    created_rows = {row.notification_id: row for row in rows if row.notification_id in inserted}
+    created_rows = {row["notification_id"]: SimpleNamespace(**row) for row in rows if row["notification_id"] in inserted}
     existing = {}
     missing = [nid for nid in first_by_id if nid not in inserted]
     if missing:
         existing = Notification.objects.in_bulk(missing)
 
     outcomes = []
-    reported_created = set()
     for item in inputs:
         nid = item.notification_id
         row = created_rows.get(nid)
         if row is not None:
-            same = row.fingerprint == item.fingerprint
-            if nid not in reported_created and item is first_by_id[nid]:
-                reported_created.add(nid)
+            if item is first_by_id[nid]:
                 outcomes.append(IngestOutcome(nid, "created", row))
+            elif row.fingerprint == item.fingerprint:
+                outcomes.append(IngestOutcome(nid, "replayed", row))
             else:
-                outcomes.append(IngestOutcome(nid, "replayed" if same else "conflict", row if same else None))
+                outcomes.append(IngestOutcome(nid, "conflict", None))
             continue
         stored = existing.get(nid)
         if stored is None:
@@ -270,26 +276,30 @@ def notifications_ingest(*, site_id, inputs):
 
 
 def _row_for(item, *, site_id, now):
-    return Notification(
-        notification_id=item.notification_id,
-        type=item.type,
-        list_name=item.list_name,
-        subject=item.subject,
-        body=item.body,
-        type_data=item.type_data,
-        status=Notification.Status.PENDING,
-        retry_count=0,
-        last_error="",
-        resolved_targets=[],
-        source_site_id=site_id,
-        source_instance_id=item.source_instance_id,
-        source_script=item.source_script,
-        site_enqueued_at=item.site_enqueued_at or now,
-        created_at=now,
-        next_attempt_at=now,
-        claimed_by="",
-        fingerprint=item.fingerprint,
-    )
+    """The new row's column values by attribute name (model instances cost ~50 µs each)."""
+    return {
+        "notification_id": item.notification_id,
+        "type": item.type,
+        "list_name": item.list_name,
+        "subject": item.subject,
+        "body": item.body,
+        "type_data": item.type_data,
+        "status": Notification.Status.PENDING.value,
+        "retry_count": 0,
+        "last_error": "",
+        "resolved_targets": [],
+        "source_site_id": site_id,
+        "source_instance_id": item.source_instance_id,
+        "source_script": item.source_script,
+        "site_enqueued_at": item.site_enqueued_at or now,
+        "created_at": now,
+        "last_attempt_at": None,
+        "next_attempt_at": now,
+        "delivered_at": None,
+        "claimed_by": "",
+        "claimed_until": None,
+        "fingerprint": item.fingerprint,
+    }
 
 
 def _insert_ignoring_conflicts(rows):
@@ -306,16 +316,43 @@ def _insert_ignoring_conflicts(rows):
     fields = meta.concrete_fields
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f.column) for f in fields)
-    one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    pk = quote(meta.pk.column)
-    sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([one_row] * len(rows))} "
-        f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}"
-    )
-    params = [f.get_db_prep_save(getattr(row, f.attname), connection) for row in rows for f in fields]
+    table, pk = quote(meta.db_table), quote(meta.pk.column)
+    defaults = {f.attname: f.get_default() for f in fields if f.attname not in rows[0]}
+    if connection.vendor == "postgresql":
+        # The whole chunk travels as one JSON document expanded by jsonb_to_recordset:
+        # binding 20 values per row as separate parameters costs more than the insert itself.
+        definitions = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
+        document = [
+            {f.column: _json_value(row.get(f.attname, defaults.get(f.attname))) for f in fields} for row in rows
+        ]
+        sql = (
+            f"INSERT INTO {table} ({columns}) SELECT {columns} "
+            f"FROM jsonb_to_recordset(%s::jsonb) AS r({definitions}) "
+            f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}"
+        )
+        params = [json.dumps(document, ensure_ascii=False)]
+    else:
+        one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+        sql = (
+            f"INSERT INTO {table} ({columns}) VALUES {', '.join([one_row] * len(rows))} "
+            f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}"
+        )
+        params = [
+            field.get_db_prep_save(row.get(field.attname, defaults.get(field.attname)), connection)
+            for row in rows
+            for field in fields
+        ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {uuid.UUID(str(value)) for (value,) in cursor.fetchall()}
+        return {value if isinstance(value, uuid.UUID) else uuid.UUID(value) for (value,) in cursor.fetchall()}
+
+
+def _json_value(value):
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
 
 
 def _iso(value):

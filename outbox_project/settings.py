@@ -157,6 +157,9 @@ OUTBOX_KPI_INTERVAL = _positive("OUTBOX_KPI_INTERVAL", 3600, "int")  # "delivere
 OUTBOX_MAX_BODY_BYTES = _positive("OUTBOX_MAX_BODY_BYTES", 1_048_576, "int")
 OUTBOX_BATCH_MAX_ITEMS = _positive("OUTBOX_BATCH_MAX_ITEMS", 1000, "int")
 OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 5000, "int")
+# How long a verified site key is trusted by one web process before it is checked again
+# (revocation and deactivation reach the other processes within this time). 0 disables.
+OUTBOX_KEY_CACHE_SECONDS = _read("OUTBOX_KEY_CACHE_SECONDS", "int", 10)
 OUTBOX_BENCH_RAW_VIEW = _read("OUTBOX_BENCH_RAW_VIEW", "bool", False)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = OUTBOX_MAX_BODY_BYTES

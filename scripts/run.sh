@@ -19,7 +19,7 @@ echo "==> Loading the demo configuration (demo/config.json)"
 $PY manage.py outbox_config import demo/config.json
 
 KEYFILE=var/demo-site-key
-if [ -s "$KEYFILE" ] && $PY manage.py shell -c "
+if [ -s "$KEYFILE" ] && $PY manage.py shell -v 0 -c "
 import sys; from sites.models import SiteAPIKey
 sys.exit(0 if SiteAPIKey.objects.is_valid(open('$KEYFILE').read().strip()) else 1)" 2>/dev/null; then
   echo "==> Reusing the demo site key in $KEYFILE"
@@ -34,7 +34,7 @@ if [ ! -s "$PASSFILE" ]; then
   $PY -c "import secrets; print(secrets.token_urlsafe(12))" > "$PASSFILE"
 fi
 ADMIN_PASSWORD=$(cat "$PASSFILE")
-$PY manage.py shell -c "
+$PY manage.py shell -v 0 -c "
 from django.contrib.auth import get_user_model
 User = get_user_model()
 user, _ = User.objects.get_or_create(username='admin', defaults={'is_staff': True, 'is_superuser': True})

@@ -4,8 +4,14 @@ Missing, malformed, unknown, revoked and expired keys answer 401; a valid key of
 deactivated site answers 403 (the caller is known, but not allowed).
 """
 
+import hashlib
+import threading
+import time
 from datetime import timedelta
 
+from django.conf import settings
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 
@@ -28,9 +34,8 @@ class SiteKeyAuthentication(authentication.BaseAuthentication):
             return None
         if not key or "." not in key or len(key) > 200:
             raise exceptions.AuthenticationFailed("Malformed API key.", code="invalid_key")
-        try:
-            api_key = SiteAPIKey.objects.get_from_key(key)
-        except SiteAPIKey.DoesNotExist:
+        api_key = _verified_key(key)
+        if api_key is None:
             raise exceptions.AuthenticationFailed("Unknown or revoked API key.", code="invalid_key")
         if api_key.has_expired:
             raise exceptions.AuthenticationFailed("API key has expired.", code="expired_key")
@@ -40,6 +45,42 @@ class SiteKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return KEYWORD
+
+
+# Verified keys, by the sha512 of the presented key (never the key itself). Verifying a key
+# is a database round trip per request, as costly as the insert it guards; a short-lived
+# cache keeps single-post ingest near the raw-insert ceiling. Revoking a key or deactivating
+# a site clears this process's cache at once; other processes notice within the TTL.
+_key_cache = {}
+_key_cache_lock = threading.Lock()
+KEY_CACHE_MAX_ENTRIES = 10_000
+
+
+def _verified_key(key):
+    """The usable SiteAPIKey (with its site) for ``key``, or None. Expiry is checked by the caller."""
+    ttl = settings.OUTBOX_KEY_CACHE_SECONDS
+    digest = hashlib.sha512(key.encode()).digest()
+    now = time.monotonic()
+    cached = _key_cache.get(digest)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    try:
+        api_key = SiteAPIKey.objects.get_from_key(key)
+    except SiteAPIKey.DoesNotExist:
+        return None
+    if ttl > 0:
+        with _key_cache_lock:
+            if len(_key_cache) >= KEY_CACHE_MAX_ENTRIES:
+                _key_cache.clear()
+            _key_cache[digest] = (now + ttl, api_key)
+    return api_key
+
+
+@receiver([post_save, post_delete], sender=SiteAPIKey)
+@receiver([post_save, post_delete], sender=Site)
+def _forget_verified_keys(**kwargs):
+    with _key_cache_lock:
+        _key_cache.clear()
 
 
 def site_touch_last_seen(*, site):
