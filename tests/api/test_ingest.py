@@ -366,3 +366,16 @@ def test_schema_is_served_without_a_key(client, db):
     response = client.get("/api/v1/schema/")
     assert response.status_code == 200
     assert b"/api/v1/notifications/batch/" in response.content
+
+
+def test_a_key_revoked_after_use_is_refused_at_once_despite_the_verified_key_cache(api, site_key):
+    assert post(api, make_payload()).status_code == 201
+    site_key_revoke(prefix=site_key.partition(".")[0])
+    assert post(api, make_payload()).status_code == 401
+
+
+def test_a_site_deactivated_after_use_is_refused_at_once(api, site):
+    assert post(api, make_payload()).status_code == 201
+    site.active = False
+    site.save()
+    assert post(api, make_payload()).status_code == 403
