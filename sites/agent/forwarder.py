@@ -150,9 +150,9 @@ class Forwarder:
             except CredentialRejected as rejected:
                 rejected.result = result
                 logger.error(
-                    "FORWARDING STOPPED: %s. Nothing was parked; %s. Fix the site key (OUTBOX_SITE_KEY) "
-                    "or reactivate the site at central.",
-                    rejected, "buffered notifications stay in the buffer",
+                    "FORWARDING STOPPED — %s — nothing was parked and buffered notifications stay in the "
+                    "buffer. Fix the site key (OUTBOX_SITE_KEY) or reactivate the site at central.",
+                    rejected,
                 )
                 raise
             finally:

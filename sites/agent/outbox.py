@@ -42,6 +42,36 @@ def _check_text(name, value, *, single_line=False):
         raise ValueError(f"{name} is not valid Unicode: {error}") from None
 
 
+def notification_payload(
+    *, list_name, subject, body, source_instance_id, source_script, type, type_data, site_id, enqueued_at
+):
+    """A new notification id and the JSON text of its POST body (DESIGN §3), as stored and sent.
+
+    The text is stored as sent, so a resend is byte-for-byte the same notification and central
+    answers it as a replay.
+    """
+    notification_id = str(uuid.uuid4())
+    payload = {
+        "notification_id": notification_id,
+        "type": type,
+        "list_name": list_name,
+        "subject": subject,
+        "body": body,
+        "type_data": type_data,
+        "source_instance_id": source_instance_id or "",
+        "source_script": source_script or "",
+        "site_enqueued_at": enqueued_at,
+    }
+    if site_id:
+        payload["source_site_id"] = site_id
+    try:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"type_data is not JSON-serialisable: {error}") from None
+    _check_text("type_data", text)
+    return notification_id, text
+
+
 class Notifier:
     """``outbox.notify("Operators")``: sends notifications to one notification list."""
 
@@ -136,28 +166,11 @@ class SiteOutbox:
             type_data = {}
         if not isinstance(type_data, dict):
             raise TypeError("type_data must be a dict (a JSON object) or None")
-        notification_id = str(uuid.uuid4())
         now = iso_utc(self._clock())
-        # Exactly the body of POST /api/v1/notifications/ (DESIGN §3), stored as sent, so a
-        # resend is byte-for-byte the same notification (central answers it as a replay).
-        payload = {
-            "notification_id": notification_id,
-            "type": type,
-            "list_name": list_name,
-            "subject": subject,
-            "body": body,
-            "type_data": type_data,
-            "source_instance_id": source_instance_id or "",
-            "source_script": source_script or "",
-            "site_enqueued_at": now,
-        }
-        if self.site_id:
-            payload["source_site_id"] = self.site_id
-        try:
-            text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"type_data is not JSON-serialisable: {error}") from None
-        _check_text("type_data", text)
+        notification_id, text = notification_payload(
+            list_name=list_name, subject=subject, body=body, source_instance_id=source_instance_id,
+            source_script=source_script, type=type, type_data=type_data, site_id=self.site_id, enqueued_at=now,
+        )  # fmt: skip
         self.buffer.insert(notification_id=notification_id, payload=text, created_at=now)
         return notification_id
 
