@@ -108,7 +108,7 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG
     except CredentialRejected as error:
-        print(f"error: {error}. Check {ENV_KEY} and that the site is active at central.", file=sys.stderr)
+        print(f"error: {error} — check {ENV_KEY} and that the site is active at central.", file=sys.stderr)
         return EXIT_CREDENTIAL
     except CentralUnreachable as error:
         print(f"error: {error}", file=sys.stderr)

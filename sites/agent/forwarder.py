@@ -32,6 +32,10 @@ logger = logging.getLogger("sites.agent")
 # A misconfigured central must not silence a site for days.
 MAX_RETRY_AFTER_SECONDS = 3600.0
 
+# Central refuses bodies over OUTBOX_MAX_BODY_BYTES (1 MiB by default) with 413; cutting batches
+# below that up front saves uploading a megabyte only to fall back to single posts.
+MAX_BATCH_BYTES = 1_000_000
+
 
 class CredentialRejected(Exception):
     """Central refused the site's key (401) or the site (403). Nothing was parked.
@@ -96,13 +100,15 @@ class Forwarder:
     """One sweep over the due rows of a buffer. Not meant to run twice at once on one buffer
     (a second forwarder is harmless — central answers replays with 200 — only wasteful)."""
 
-    def __init__(self, *, buffer, client, clock, retry_interval, max_retries, batch_size):
+    def __init__(self, *, buffer, client, clock, retry_interval, max_retries, batch_size,
+                 max_batch_bytes=MAX_BATCH_BYTES):  # fmt: skip
         self.buffer = buffer
         self.client = client
         self.clock = clock
         self.retry_interval = float(retry_interval)
         self.max_retries = int(max_retries)
         self.batch_size = int(batch_size)
+        self.max_batch_bytes = int(max_batch_bytes)
         self._hold_until = None  # set by a 429: no request before this moment
         self._lock = threading.Lock()
 
@@ -138,10 +144,15 @@ class Forwarder:
             if not rows:
                 continue
             try:
-                if len(rows) == 1:
-                    self._send_single(rows[0], result)
-                else:
-                    self._send_batch(rows, result, stop_event)
+                for chunk in self._by_size(rows):
+                    if stop_event is not None and stop_event.is_set():
+                        break
+                    if len(chunk) == 1:
+                        self._send_single(chunk[0], result)
+                    else:
+                        self._send_batch(chunk, result, stop_event)
+                    if progress is not None:
+                        progress(result)
             except _Throttled as throttled:
                 self._hold_until = self.clock() + timedelta(seconds=throttled.seconds)
                 result.throttled_for = throttled.seconds
@@ -155,10 +166,20 @@ class Forwarder:
                     rejected,
                 )
                 raise
-            finally:
-                if progress is not None:
-                    progress(result)
         return result
+
+    def _by_size(self, rows):
+        """Rows cut into runs whose batch body stays under ``max_batch_bytes``."""
+        chunk, size = [], 32  # the {"notifications": [...]} envelope
+        for row in rows:
+            row_size = len(row.payload.encode("utf-8")) + 2
+            if chunk and size + row_size > self.max_batch_bytes:
+                yield chunk
+                chunk, size = [], 32
+            chunk.append(row)
+            size += row_size
+        if chunk:
+            yield chunk
 
     # --- one request ------------------------------------------------------------------------
 

@@ -71,6 +71,18 @@ def test_a_backlog_goes_in_batches_of_batch_size_in_order(make_outbox, central):
     assert outbox.stats() == {"buffered": 0, "parked": 0}
 
 
+def test_batches_are_cut_to_stay_under_centrals_body_limit(outbox, central):
+    notifier = outbox.notify("Operators")
+    sent = [notifier.send(f"Pump {n}", "x" * 400) for n in range(6)]
+    outbox.forwarder.max_batch_bytes = 1500  # central's real limit is 1 MiB; same rule, smaller numbers
+
+    result = outbox.forward_once()
+
+    sizes = [len(json.dumps(received.body)) for received in central.requests]
+    assert result.forwarded == 6 and central.posted_ids() == sent
+    assert len(sizes) == 3 and max(sizes) < 1500
+
+
 def test_replayed_notifications_are_deleted_like_created_ones(outbox, central):
     sent = send_many(outbox, 3)
     for notification_id in sent[:2]:
