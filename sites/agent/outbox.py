@@ -134,6 +134,15 @@ class SiteOutbox:
         self.buffer = Buffer(db_path)
         self.client = CentralClient(central_url, api_key, timeout=timeout) if central_url and api_key else None
         self._forwarder = None
+        if self.client is not None:
+            self._forwarder = Forwarder(
+                buffer=self.buffer,
+                client=self.client,
+                clock=self._clock,
+                retry_interval=self.retry_interval,
+                max_retries=self.max_retries,
+                batch_size=self.batch_size,
+            )
 
     def close(self):
         self.buffer.close()
@@ -234,14 +243,7 @@ class SiteOutbox:
     @property
     def forwarder(self):
         if self._forwarder is None:
-            self._forwarder = Forwarder(
-                buffer=self.buffer,
-                client=self._require_client("forward"),
-                clock=self._clock,
-                retry_interval=self.retry_interval,
-                max_retries=self.max_retries,
-                batch_size=self.batch_size,
-            )
+            self._require_client("forward")
         return self._forwarder
 
     def forward_once(self, *, stop_event=None, progress=None):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sites.agent import SiteOutbox
+from sites.agent import AgentNotConfigured, SiteOutbox
 from tests.agent.conftest import send_many
 from tests.agent.fake_central import Reply
 
@@ -63,10 +63,12 @@ def test_send_returns_a_uuid_string_and_buffers_the_exact_post_body(outbox, cent
     assert central.requests == []  # send never talks to central
 
 
-def test_send_works_without_central_configuration(buffer_path):
+def test_send_works_without_central_configuration_but_forwarding_says_what_is_missing(buffer_path):
     with SiteOutbox(buffer_path, None, None) as outbox:
         notification_id = outbox.notify("Operators").send("Pump 3 tripped", "")
         assert outbox.status(notification_id)["status"] == "Forwarding"
+        with pytest.raises(AgentNotConfigured, match="no central URL and site key"):
+            outbox.forward_once()
 
 
 def test_buffer_uses_wal_and_full_synchronous_commits(outbox):
@@ -100,7 +102,7 @@ def test_notify_refuses_a_blank_list_name(outbox):
 def test_row_survives_the_process_being_killed_right_after_send_returns(buffer_path):
     process = agent_process(
         "import sys",
-        "from sites.agent import SiteOutbox",
+        "from sites.agent import AgentNotConfigured, SiteOutbox",
         f"outbox = SiteOutbox({str(buffer_path)!r}, None, None)",
         "print(outbox.notify('Operators').send('Pump 3 tripped', 'killed right after'), flush=True)",
         "sys.stdin.read()",  # stay alive until killed
@@ -121,7 +123,7 @@ def test_many_threads_and_processes_sending_at_once_lose_nothing(buffer_path):
     workers = [
         agent_process(
             "import sys",
-            "from sites.agent import SiteOutbox",
+            "from sites.agent import AgentNotConfigured, SiteOutbox",
             f"outbox = SiteOutbox({str(buffer_path)!r}, None, None)",
             "sys.stdin.readline()",  # start together
             f"for n in range({per_worker}): print(outbox.notify('Operators').send(f'p{{n}}', ''), flush=True)",
