@@ -110,7 +110,8 @@ def main(argv=None):
     else:
         verdict = "met" if report["met_target"] else "MISSED"
         print(
-            f"agent forward: {report['forwarded']}/{report['count']} notifications in {report['elapsed_seconds']:.2f} s "
+            f"agent forward: {report['forwarded']}/{report['count']} notifications "
+            f"in {report['elapsed_seconds']:.2f} s "
             f"({report['per_second']}/s, {report['requests']} requests, batch {report['batch_size']}); "
             f"parked {report['parked']}, left {report['left_in_buffer']}; "
             f"target < {report['target_seconds']:.0f} s {verdict}"

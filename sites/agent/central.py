@@ -19,6 +19,11 @@ BATCH_PATH = "/api/v1/notifications/batch/"
 _MAX_ERROR_TEXT = 2000
 
 
+# How a connection that central (or a proxy) closed shows up; on a reused keep-alive connection
+# it means "stale", not "central is down".
+_DROPPED = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
 class CentralUnreachable(Exception):
     """No HTTP answer: connection refused or reset, DNS failure, timeout, TLS failure."""
 
@@ -81,17 +86,23 @@ class CentralClient:
         self._api_key = api_key
         self.timeout = float(timeout)
         self._local = threading.local()
+        self._connections = set()  # every thread's, so close() can close them all
+        self._connections_lock = threading.Lock()
 
     def _new_connection(self):
         cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=self.timeout)
+        connection = cls(self._host, self._port, timeout=self.timeout)
+        with self._connections_lock:
+            self._connections.add(connection)
+        return connection
 
     def close(self):
-        """Close this thread's connection (others close when their threads' objects go)."""
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
+        """Close every thread's connection; the next request opens a new one."""
+        with self._connections_lock:
+            connections, self._connections = self._connections, set()
+        for connection in connections:
             connection.close()
-            self._local.connection = None
+        self._local = threading.local()
 
     def request(self, method, path, payload=None):
         """Send one request; return the answer whatever its status.
@@ -100,42 +111,41 @@ class CentralClient:
         are) or None. Raises :class:`CentralUnreachable` when there is no answer.
         """
         body = payload.encode("utf-8") if payload is not None else None
-        headers = {
-            "Authorization": f"Api-Key {self._api_key}",
-            "Accept": "application/json",
-        }
+        headers = {"Authorization": f"Api-Key {self._api_key}", "Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
+        url = self._prefix + path
         connection = getattr(self._local, "connection", None)
-        reused = connection is not None
-        if connection is None:
-            connection = self._local.connection = self._new_connection()
-        try:
-            return self._exchange(connection, method, self._prefix + path, body, headers)
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
-            connection.close()
-            if not reused:
-                self._local.connection = None
+        if connection is not None:
+            try:
+                return self._exchange(connection, method, url, body, headers)
+            except _DROPPED:
+                self._drop(connection)  # central closed the idle keep-alive connection: one fresh try
+            except BaseException:
+                self._drop(connection)
                 raise
-        except BaseException:
-            connection.close()
-            self._local.connection = None
-            raise
-        # The idle keep-alive connection had gone stale; one fresh attempt.
         connection = self._local.connection = self._new_connection()
         try:
-            return self._exchange(connection, method, self._prefix + path, body, headers)
+            return self._exchange(connection, method, url, body, headers)
+        except _DROPPED as error:
+            self._drop(connection)
+            raise CentralUnreachable(_network_error_text(error, self.base_url)) from error
         except BaseException:
-            connection.close()
-            self._local.connection = None
+            self._drop(connection)
             raise
+
+    def _drop(self, connection):
+        connection.close()
+        self._local.connection = None
+        with self._connections_lock:
+            self._connections.discard(connection)
 
     def _exchange(self, connection, method, url, body, headers):
         try:
             connection.request(method, url, body=body, headers=headers)
             response = connection.getresponse()
             data = response.read()
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+        except _DROPPED:
             raise
         except (OSError, http.client.HTTPException) as error:
             raise CentralUnreachable(_network_error_text(error, self.base_url)) from error
@@ -145,26 +155,20 @@ class CentralClient:
             body=data,
         )
         if response.will_close:
-            connection.close()
+            self._drop(connection)
         return answer
 
     # --- the API ----------------------------------------------------------------------------
 
     def post_notification(self, payload):
-        return self._call("POST", NOTIFICATIONS_PATH, payload)
+        return self.request("POST", NOTIFICATIONS_PATH, payload)
 
     def post_batch(self, payloads):
         """POST stored payload strings as one batch, splicing the JSON text unchanged."""
-        return self._call("POST", BATCH_PATH, '{"notifications": [' + ", ".join(payloads) + "]}")
+        return self.request("POST", BATCH_PATH, '{"notifications": [' + ", ".join(payloads) + "]}")
 
     def get_status(self, notification_id):
-        return self._call("GET", f"{NOTIFICATIONS_PATH}{quote(str(notification_id))}/")
-
-    def _call(self, method, path, payload=None):
-        try:
-            return self.request(method, path, payload)
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as e:
-            raise CentralUnreachable(_network_error_text(e, self.base_url)) from e
+        return self.request("GET", f"{NOTIFICATIONS_PATH}{quote(str(notification_id))}/")
 
 
 def _network_error_text(error, base_url):

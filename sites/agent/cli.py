@@ -190,20 +190,25 @@ def command_forward(args):
     with outbox:
         print(f"forwarding {outbox.buffer.path} → {outbox.client.base_url} "
               f"({outbox.stats()['buffered']} buffered)", flush=True)  # fmt: skip
-        if args.once:
-            result = outbox.forward_once(progress=progress)
-            print(f"done: {json.dumps(result.as_dict())}", flush=True)
-            return EXIT_OK
         stop = threading.Event()
+        received = []
 
         def request_stop(signum, frame):
-            print(f"{signal.Signals(signum).name}: finishing the current request, then stopping", flush=True)
+            # Only set the event: printing here could re-enter a print the signal interrupted.
+            received.append(signal.Signals(signum).name)
             stop.set()
 
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
-        outbox.run_forever(stop, progress=progress)
-        print("stopped", flush=True)
+        previous = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            if args.once:
+                result = outbox.forward_once(stop_event=stop, progress=progress)
+                print(f"done: {json.dumps(result.as_dict())}", flush=True)
+                return EXIT_OK
+            outbox.run_forever(stop, progress=progress)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        print(f"{received[0] if received else 'stop'} received: finished the current request; stopped", flush=True)
     return EXIT_OK
 
 

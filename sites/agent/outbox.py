@@ -262,8 +262,8 @@ class SiteOutbox:
         A rejected credential does not stop the loop: it is logged at ERROR and tried again
         every ``retry_interval`` seconds, so a fixed key resumes forwarding with no restart.
         """
-        logger.info("Forwarding %s to %s every %.0f s", self.buffer.path, self.client and self.client.base_url,
-                    self.sweep_interval)  # fmt: skip
+        client = self._require_client("forward")
+        logger.info("Forwarding %s to %s every %.0f s", self.buffer.path, client.base_url, self.sweep_interval)
         while not stop_event.is_set():
             wait = self.sweep_interval
             try:

@@ -63,4 +63,7 @@ def outbox(make_outbox):
 
 def send_many(outbox, count, list_name="Operators"):
     notifier = outbox.notify(list_name)
-    return [notifier.send(f"Pump {n} tripped", f"Motor overload #{n}", source_instance_id=f"Pump{n}") for n in range(count)]
+    return [
+        notifier.send(f"Pump {n} tripped", f"Motor overload #{n}", source_instance_id=f"Pump{n}")
+        for n in range(count)
+    ]

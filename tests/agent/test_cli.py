@@ -152,7 +152,7 @@ def test_forward_runs_until_sigterm_and_then_stops_cleanly(env, capsys, central,
         process.kill()
 
     assert process.returncode == 0, err
-    assert "SIGTERM: finishing the current request" in out and out.rstrip().endswith("stopped")
+    assert out.rstrip().endswith("SIGTERM received: finished the current request; stopped")
     assert central.posted_ids() == [notification_id]
 
 
