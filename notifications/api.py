@@ -1,6 +1,7 @@
 """The site-facing REST API (DESIGN §3). Views parse, call one ingest function, render."""
 
 import django_filters
+from django import forms
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from drf_spectacular.types import OpenApiTypes
@@ -55,16 +56,18 @@ IDEMPOTENCY_CONFLICT = {
 
 
 class NotificationInSerializer(serializers.Serializer):
+    """Optional fields may be omitted or null (both mean "use the default")."""
+
     notification_id = serializers.UUIDField()
-    type = serializers.ChoiceField(choices=TYPE_CHOICES, default="email", required=False)
+    type = serializers.ChoiceField(choices=TYPE_CHOICES, default="email", required=False, allow_null=True)
     list_name = serializers.CharField(max_length=200)
     subject = serializers.CharField(max_length=255, allow_blank=True)
     body = serializers.CharField(max_length=100_000, allow_blank=True)
-    type_data = serializers.DictField(required=False)
-    source_instance_id = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    source_script = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    site_enqueued_at = serializers.DateTimeField(required=False)
-    source_site_id = serializers.CharField(max_length=64, required=False)
+    type_data = serializers.DictField(required=False, allow_null=True)
+    source_instance_id = serializers.CharField(max_length=200, required=False, allow_blank=True, allow_null=True)
+    source_script = serializers.CharField(max_length=200, required=False, allow_blank=True, allow_null=True)
+    site_enqueued_at = serializers.DateTimeField(required=False, allow_null=True)
+    source_site_id = serializers.CharField(max_length=64, required=False, allow_null=True)
 
 
 class StatusRecordSerializer(serializers.Serializer):
@@ -107,6 +110,17 @@ ERROR_RESPONSES = {
 # --- views ----------------------------------------------------------------------------------
 
 
+class StrictFilterForm(forms.Form):
+    """A filter given with an empty value is a mistake to report, not "no filter"."""
+
+    def clean(self):
+        cleaned = super().clean()
+        for name in self.fields:
+            if name in self.data and self.data.get(name) == "":
+                self.add_error(name, "Must not be empty.")
+        return cleaned
+
+
 class NotificationFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=Notification.Status.choices)
     type = django_filters.ChoiceFilter(choices=TYPE_CHOICES)
@@ -117,6 +131,7 @@ class NotificationFilter(django_filters.FilterSet):
     class Meta:
         model = Notification
         fields = ["status", "type", "list_name", "created_after", "created_before"]
+        form = StrictFilterForm
 
 
 class NewestFirstCursorPagination(CursorPagination):
@@ -124,6 +139,17 @@ class NewestFirstCursorPagination(CursorPagination):
     page_size = 100
     page_size_query_param = "page_size"
     max_page_size = 1000
+
+    def get_page_size(self, request):
+        """Like DRF's, but a bad page_size is a 400, not silently the default."""
+        values = request.query_params.getlist(self.page_size_query_param)
+        if not values:
+            return self.page_size
+        if len(values) > 1 or not values[0].isdigit() or not 1 <= int(values[0]) <= self.max_page_size:
+            raise exceptions.ValidationError(
+                {self.page_size_query_param: [f"Must be one integer from 1 to {self.max_page_size}."]}
+            )
+        return int(values[0])
 
 
 class NotificationCollectionView(ListAPIView):
@@ -138,6 +164,21 @@ class NotificationCollectionView(ListAPIView):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no site
             return Notification.objects.none()
         return Notification.objects.filter(source_site_id=self.request.user.site_id)
+
+    @extend_schema(
+        responses={
+            200: StatusRecordSerializer(many=True),
+            404: OpenApiResponse(ErrorSerializer, description="Invalid cursor"),
+            **{code: ERROR_RESPONSES[code] for code in (400, 401, 403, 503)},
+        }
+    )
+    def get(self, request, *args, **kwargs):
+        """The calling site's notifications, newest first, filtered and cursor-paginated."""
+        known = set(NotificationFilter.base_filters) | {"cursor", "page_size"}
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            return _invalid({name[:100]: ["Unknown query parameter."] for name in unknown})
+        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         request=NotificationInSerializer,
@@ -167,7 +208,13 @@ class NotificationCollectionView(ListAPIView):
 
 class NotificationBatchView(APIView):
     @extend_schema(
-        request=inline_serializer("BatchIn", {"notifications": NotificationInSerializer(many=True)}),
+        # Items are validated one by one and rejected individually (DESIGN §3), so the
+        # envelope accepts any JSON value per item; each should be a NotificationIn.
+        request=inline_serializer(
+            "BatchIn",
+            {"notifications": serializers.ListField(
+                child=serializers.JSONField(), help_text="Each item as the body of POST /api/v1/notifications/.")},
+        ),
         responses={
             200: inline_serializer("BatchOut", {"results": BatchItemResultSerializer(many=True)}),
             **ERROR_RESPONSES,

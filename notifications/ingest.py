@@ -164,7 +164,7 @@ def notification_validate(data):
         except ValueError:
             errors["notification_id"] = ["Must be a valid UUID."]
 
-    type_name = data.get("type", "email")
+    type_name = data.get("type") if data.get("type") is not None else "email"
     if not isinstance(type_name, str) or type_name not in ADAPTER_PATHS:
         known = ", ".join(sorted(ADAPTER_PATHS))
         errors["type"] = [f"Unknown notification type {str(type_name)[:40]!r}; known types: {known}."]

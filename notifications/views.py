@@ -50,3 +50,20 @@ def bench_raw_insert(request):
         fingerprint="",
     )
     return JsonResponse({"notification_id": str(notification.notification_id)}, status=201)
+
+
+def not_found(request, exception):
+    """JSON for API clients, Django's page for people."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "not_found", "detail": "No such resource."}, status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def server_error(request):
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "server_error", "detail": "Internal error; it has been logged."}, status=500)
+    from django.views.defaults import server_error as django_server_error
+
+    return django_server_error(request)

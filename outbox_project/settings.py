@@ -136,6 +136,9 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "notifications.api.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    # ASCII-escaped JSON: an error that echoes a client's invalid string (an unpaired
+    # surrogate, say) must still render, never turn into a 500.
+    "UNICODE_JSON": False,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Outbox API",

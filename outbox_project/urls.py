@@ -25,3 +25,6 @@ urlpatterns = [
 
 if settings.OUTBOX_BENCH_RAW_VIEW:
     urlpatterns.append(path("bench/raw-insert/", views.bench_raw_insert))
+
+handler404 = "notifications.views.not_found"
+handler500 = "notifications.views.server_error"
