@@ -23,7 +23,7 @@ def main():
     url = fresh_database("agent")
     manage("outbox_config", "import", "demo/config.json", database_url=url, capture=True)
     key = manage("create_site_key", "demo-site", database_url=url, capture=True).strip().splitlines()[-1]
-    with Gunicorn(url, workers=2, OUTBOX_SITE_RATE_LIMIT="0") as server:
+    with Gunicorn(url, workers=2, OUTBOX_SITE_RATE_LIMIT="1000000") as server:
         report = agent_bench.run(
             central_url=server.url, key=key, count=args.count, batch_size=500,
             list_name="Operators", timeout=30, target_seconds=10.0,

@@ -101,7 +101,8 @@ def main():
     key = manage("create_site_key", "demo-site", database_url=url, capture=True).strip().splitlines()[-1]
 
     raw_rounds, single_rounds, batch_rounds = [], [], []
-    with Gunicorn(url, workers=args.workers, OUTBOX_BENCH_RAW_VIEW="true") as server, \
+    with Gunicorn(url, workers=args.workers, OUTBOX_BENCH_RAW_VIEW="true",
+                  OUTBOX_SITE_RATE_LIMIT="1000000") as server, \
             multiprocessing.Pool(args.clients) as pool:  # fmt: skip
         run_phase(pool, server.port, "/bench/raw-insert/", key, 1.0, args.clients)  # warm-up
         run_phase(pool, server.port, "/api/v1/notifications/", key, 1.0, args.clients)

@@ -104,6 +104,7 @@ ERROR_RESPONSES = {
     403: OpenApiResponse(ErrorSerializer, description="Site deactivated or source_site_id mismatch"),
     413: OpenApiResponse(ErrorSerializer, description="Body larger than the configured limit"),
     415: OpenApiResponse(ErrorSerializer, description="Not application/json"),
+    429: OpenApiResponse(ErrorSerializer, description="Site over its rate limit; see Retry-After"),
     503: OpenApiResponse(ErrorSerializer, description="Database unavailable"),
 }
 
@@ -169,7 +170,7 @@ class NotificationCollectionView(ListAPIView):
         responses={
             200: StatusRecordSerializer(many=True),
             404: OpenApiResponse(ErrorSerializer, description="Invalid cursor"),
-            **{code: ERROR_RESPONSES[code] for code in (400, 401, 403, 503)},
+            **{code: ERROR_RESPONSES[code] for code in (400, 401, 403, 429, 503)},
         }
     )
     def get(self, request, *args, **kwargs):
@@ -274,7 +275,7 @@ class NotificationDetailView(APIView):
         responses={
             200: StatusRecordSerializer,
             404: OpenApiResponse(ErrorSerializer, description="No such notification for this site"),
-            **{code: ERROR_RESPONSES[code] for code in (401, 403, 503)},
+            **{code: ERROR_RESPONSES[code] for code in (401, 403, 429, 503)},
         },
     )
     def get(self, request, notification_id):

@@ -131,6 +131,7 @@ STATIC_ROOT = _read("STATIC_ROOT", "str", str(VAR_DIR / "static"))
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["sites.authentication.SiteKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["sites.authentication.IsActiveSite"],
+    "DEFAULT_THROTTLE_CLASSES": ["sites.throttling.SiteRateThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -163,6 +164,9 @@ OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 5000, "int")
 # How long a verified site key is trusted by one web process before it is checked again
 # (revocation and deactivation reach the other processes within this time). 0 disables.
 OUTBOX_KEY_CACHE_SECONDS = _read("OUTBOX_KEY_CACHE_SECONDS", "int", 10)
+# Per-site request rate per web process (token bucket); 0 disables. See sites/throttling.py.
+OUTBOX_SITE_RATE_LIMIT = _read("OUTBOX_SITE_RATE_LIMIT", "float", 100.0)
+OUTBOX_SITE_RATE_BURST = _read("OUTBOX_SITE_RATE_BURST", "int", 500)
 OUTBOX_BENCH_RAW_VIEW = _read("OUTBOX_BENCH_RAW_VIEW", "bool", False)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = OUTBOX_MAX_BODY_BYTES

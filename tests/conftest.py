@@ -11,6 +11,14 @@ from sites.models import Site
 from sites.services import site_key_issue
 
 
+@pytest.fixture(autouse=True)
+def _fresh_rate_limits():
+    """Each test starts with full per-site token buckets."""
+    from sites.throttling import SiteRateThrottle
+
+    SiteRateThrottle._buckets.clear()
+
+
 @pytest.fixture
 def postgres_only(db):
     """Skip (with a printed reason) where the test database is not PostgreSQL."""

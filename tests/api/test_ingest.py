@@ -379,3 +379,20 @@ def test_a_site_deactivated_after_use_is_refused_at_once(api, site):
     site.active = False
     site.save()
     assert post(api, make_payload()).status_code == 403
+
+
+@override_settings(OUTBOX_SITE_RATE_LIMIT=1.0, OUTBOX_SITE_RATE_BURST=3)
+def test_a_site_over_its_rate_limit_gets_429_with_retry_after_and_others_are_unaffected(api, other_site_key):
+    from sites.throttling import SiteRateThrottle
+
+    SiteRateThrottle._buckets.clear()
+    answers = [post(api, make_payload()).status_code for _ in range(4)]
+    assert answers == [201, 201, 201, 429]
+    limited = post(api, make_payload())
+    assert limited.status_code == 429
+    assert int(limited["Retry-After"]) >= 1
+    assert limited.json()["error"] == "throttled"
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Api-Key {other_site_key}")
+    assert post(other, make_payload()).status_code == 201
+    assert Notification.objects.count() == 4
