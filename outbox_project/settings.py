@@ -34,13 +34,36 @@ def _positive(name, default, cast="int"):
 DEBUG = _read("DEBUG", "bool", False)
 SECRET_KEY = _read("SECRET_KEY", "str", "")
 if not SECRET_KEY:
-    if not DEBUG and _read("OUTBOX_REQUIRE_SECRET_KEY", "bool", False):
-        raise ImproperlyConfigured("Environment variable SECRET_KEY must be set in production")
+    if _read("OUTBOX_HTTPS", "bool", False):
+        raise ImproperlyConfigured("Environment variable SECRET_KEY must be set in production (OUTBOX_HTTPS=true)")
     # Development fallback: stable per checkout so sessions survive restarts. Production sets
     # SECRET_KEY (see README, "Configuration").
     SECRET_KEY = "insecure-dev-key-" + str(BASE_DIR)
 ALLOWED_HOSTS = _read("ALLOWED_HOSTS", "list", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = _read("CSRF_TRUSTED_ORIGINS", "list", [])
+
+# --- Transport security -----------------------------------------------------------------------
+# OUTBOX_HTTPS=true in production (served over TLS, directly or behind a proxy that sets
+# X-Forwarded-Proto): HTTPS redirect, secure cookies and HSTS. Off by default so `make run`
+# works on plain http://127.0.0.1. See README "Production".
+OUTBOX_HTTPS = _read("OUTBOX_HTTPS", "bool", False)
+SECURE_SSL_REDIRECT = OUTBOX_HTTPS
+SESSION_COOKIE_SECURE = OUTBOX_HTTPS
+CSRF_COOKIE_SECURE = OUTBOX_HTTPS
+SECURE_HSTS_SECONDS = _read("SECURE_HSTS_SECONDS", "int", 31_536_000 if OUTBOX_HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _read("SECURE_HSTS_INCLUDE_SUBDOMAINS", "bool", OUTBOX_HTTPS)
+SECURE_HSTS_PRELOAD = _read("SECURE_HSTS_PRELOAD", "bool", OUTBOX_HTTPS)
+if _read("OUTBOX_BEHIND_PROXY", "bool", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# /healthz is probed over plain HTTP by load balancers and must not redirect.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_HTTPONLY = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -93,6 +116,13 @@ try:
     DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'outbox.sqlite3'}")}
 except (ValueError, ImproperlyConfigured) as exc:
     raise ImproperlyConfigured(f"Environment variable DATABASE_URL is invalid: {exc}") from exc
+
+SUPPORTED_ENGINES = {"django.db.backends.postgresql", "django.db.backends.sqlite3"}
+if DATABASES["default"].get("ENGINE") not in SUPPORTED_ENGINES:
+    raise ImproperlyConfigured(
+        "Environment variable DATABASE_URL must be a postgres://… or sqlite:///… URL "
+        f"(got engine {DATABASES['default'].get('ENGINE')!r})"
+    )
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(exist_ok=True)
