@@ -84,6 +84,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "notifications.middleware.ApiGuardMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Serves the admin's static files from gunicorn itself (collectstatic into STATIC_ROOT).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

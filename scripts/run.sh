@@ -15,6 +15,8 @@ mkdir -p var/mail var/log
 echo "==> Migrating the database (${DATABASE_URL:-SQLite var/outbox.sqlite3})"
 $PY manage.py migrate --noinput -v0
 
+$PY manage.py collectstatic --noinput -v0
+
 echo "==> Loading the demo configuration (demo/config.json)"
 $PY manage.py outbox_config import demo/config.json
 
