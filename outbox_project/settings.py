@@ -158,6 +158,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = _read("STATIC_ROOT", "str", str(VAR_DIR / "static"))
+Path(STATIC_ROOT).mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every start otherwise
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
