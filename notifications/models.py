@@ -8,6 +8,7 @@ from django.db.models.functions import Lower
 from django.utils import timezone
 
 from notifications.adapters import TYPE_CHOICES
+from notifications.fields import EncryptedTextField
 
 
 class Notification(models.Model):
@@ -163,7 +164,7 @@ class SmtpConfiguration(models.Model):
     port = models.PositiveIntegerField(default=587)
     security = models.CharField(max_length=16, choices=Security.choices, default=Security.STARTTLS)
     username = models.CharField(max_length=255, blank=True)
-    password = models.CharField(max_length=1024, blank=True)
+    password = EncryptedTextField(blank=True, help_text="Stored encrypted; never exported or shown.")
     from_address = models.EmailField()
     timeout_seconds = models.PositiveIntegerField(default=10)
     max_retries = models.PositiveIntegerField(default=10)

@@ -197,6 +197,9 @@ OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 5000, "int")
 # How long a verified site key is trusted by one web process before it is checked again
 # (revocation and deactivation reach the other processes within this time). 0 disables.
 OUTBOX_KEY_CACHE_SECONDS = _read("OUTBOX_KEY_CACHE_SECONDS", "int", 10)
+# Keys for secrets stored in the database (SMTP password); the first encrypts, all decrypt.
+# Default: derived from SECRET_KEY. See notifications/secrets.py and README "Rotating keys".
+OUTBOX_SECRET_KEYS = _read("OUTBOX_SECRET_KEYS", "list", [])
 # Per-site request rate per web process (token bucket); 0 disables. See sites/throttling.py.
 OUTBOX_SITE_RATE_LIMIT = _read("OUTBOX_SITE_RATE_LIMIT", "float", 100.0)
 OUTBOX_SITE_RATE_BURST = _read("OUTBOX_SITE_RATE_BURST", "int", 500)
