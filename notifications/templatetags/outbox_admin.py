@@ -1,0 +1,51 @@
+"""Template helpers for the operations console (KPI tiles on the outbox page and dashboard)."""
+
+from django import template
+from django.conf import settings
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def outbox_dashboard_kpis(context):
+    """The KPIs for the admin index, or None when the user may not view notifications."""
+    request = context.get("request")
+    if request is None or not request.user.has_perm("notifications.view_notification"):
+        return None
+    from notifications.admin import outbox_kpis
+
+    return outbox_kpis()
+
+
+@register.filter
+def age(seconds):
+    """A queue age for a tile: "—" when nothing is queued, else the two largest units."""
+    if seconds is None:
+        return "—"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+@register.filter
+def kpi_interval(kpis):
+    """The "delivered in the last …" window, in words."""
+    return age(settings.OUTBOX_KPI_INTERVAL)
+
+
+@register.filter
+def stuck_minutes(kpis):
+    return settings.OUTBOX_STUCK_AGE // 60
+
+
+@register.filter
+def sorted_items(mapping):
+    return sorted((mapping or {}).items(), key=lambda item: str(item[0]))
