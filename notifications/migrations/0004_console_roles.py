@@ -36,9 +36,13 @@ def create_roles(apps, schema_editor):
     # database they do not exist yet, so create them now for the apps involved.
     for label in ("notifications", "sites"):
         app_config = apps.get_app_config(label)
-        app_config.models_module = True
-        create_permissions(app_config, apps=apps, verbosity=0, using=schema_editor.connection.alias)
-        app_config.models_module = None
+        # Migration state has no models module, and create_permissions skips such apps.
+        original = getattr(app_config, "models_module", None)
+        app_config.models_module = original or True
+        try:
+            create_permissions(app_config, apps=apps, verbosity=0, using=schema_editor.connection.alias)
+        finally:
+            app_config.models_module = original
 
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")

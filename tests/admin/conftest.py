@@ -1,6 +1,7 @@
 """Fixtures for the operations console: users in each role and a notification factory."""
 
 import hashlib
+import importlib
 import itertools
 import uuid
 from datetime import timedelta
@@ -15,7 +16,21 @@ PASSWORD = "correct horse battery staple"
 _counter = itertools.count()
 
 
+def ensure_roles():
+    """The groups come from a data migration; a transactional test's flush removes them."""
+    from types import SimpleNamespace
+
+    from django.apps import apps
+    from django.db import connection
+
+    if Group.objects.filter(name__in=["Operators", "Administrators"]).count() < 2:
+        roles = importlib.import_module("notifications.migrations.0004_console_roles")
+        roles.create_roles(apps, SimpleNamespace(connection=connection))
+
+
 def make_user(username, *, groups=(), permissions=(), superuser=False):
+    if groups:
+        ensure_roles()
     user = User.objects.create_user(username, f"{username}@example.com", PASSWORD, is_staff=True, is_superuser=superuser)
     for name in groups:
         user.groups.add(Group.objects.get(name=name))
