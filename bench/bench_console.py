@@ -1,0 +1,210 @@
+"""Operations console benchmark on PostgreSQL with 1,000,000 notifications.
+
+Seeds a fresh database with generate_series (95% terminal rows spread over a year, skewed to
+recent; queued rows mostly minutes old, some stuck; 20 sites of uneven size; 5 lists), then
+renders the console pages in-process with Django's test Client as a logged-in operator and
+reports the median server time of several runs per page:
+
+- the default outbox page (changelist, tiles, per-site breakdown)
+- the outbox filtered by status (Parked, and Delivered: the rare and the huge case)
+- a subject search (a common word and a rare one)
+- the admin index dashboard (headline tiles)
+
+Targets: each page ≤ 500 ms, search ≤ 1 s. Writes bench-results/console.json.
+
+Usage: python bench/bench_console.py [--rows 1000000] [--runs 7] [--reuse]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DEFAULT_URL, check, fresh_database, write_results  # noqa: E402
+
+SITES = 20
+LISTS = ["Operators", "Maintenance", "Shift leads", "Electrical", "Management"]
+
+# One INSERT … SELECT: the server generates every row, nothing crosses the wire.
+SEED_SQL = """
+INSERT INTO notifications_notification (
+    notification_id, type, list_name, subject, body, type_data, status, retry_count, last_error,
+    resolved_targets, source_site_id, source_instance_id, source_script, site_enqueued_at,
+    created_at, last_attempt_at, next_attempt_at, delivered_at, claimed_by, claimed_until, fingerprint)
+SELECT
+    gen_random_uuid(), 'email',
+    (%(lists)s::text[])[1 + (i %% %(list_count)s)],
+    (ARRAY['Pump','Valve','Tank','Compressor','Boiler','Conveyor','Chiller','Feeder'])[1 + floor(r4 * 8)::int]
+        || ' ' || (1 + floor(r5 * 60)::int) || ' '
+        || CASE WHEN i %% 20000 = 0 THEN 'overtemperature shutdown'
+                ELSE (ARRAY['tripped','stuck open','level high','fault','low water','offline',
+                            'high pressure','restarted'])[1 + floor(r5 * 8)::int] END,
+    'Raised by the site script; see the plant HMI for details.',
+    '{}'::jsonb,
+    status,
+    CASE status WHEN 'Parked' THEN 10 WHEN 'Retrying' THEN 1 + floor(r5 * 9)::int ELSE 0 END,
+    CASE status WHEN 'Parked' THEN 'Retries exhausted (10): 451 4.3.0 Mail server temporarily rejected message'
+                WHEN 'Retrying' THEN '421 4.7.0 Service not available, closing transmission channel'
+                WHEN 'Discarded' THEN '550 5.1.1 Recipient address rejected: mailbox unknown'
+                ELSE '' END,
+    CASE status WHEN 'Delivered' THEN '[{"target": "op1@example.com", "outcome": "delivered", "smtp_code": 250}]'::jsonb
+                ELSE '[]'::jsonb END,
+    'site-' || lpad(floor(%(sites)s * r3 * r3)::int::text, 2, '0'),
+    'Instance' || (i %% 500), 'OnAlarm',
+    created_at - interval '2 seconds',
+    created_at,
+    CASE WHEN status = 'Pending' THEN NULL ELSE created_at + interval '3 seconds' END,
+    CASE WHEN status IN ('Pending', 'Retrying') THEN created_at + interval '60 seconds' END,
+    CASE WHEN status = 'Delivered' THEN created_at + interval '3 seconds' END,
+    '', NULL,
+    md5(i::text) || md5((i + 1)::text)
+FROM (
+    SELECT i, r3, r4, r5, status,
+           now() - CASE WHEN status IN ('Pending', 'Retrying')
+                        THEN interval '2 hours' * power(r2, 6)        -- mostly minutes, some stuck
+                        ELSE interval '365 days' * power(r2, 2) END    -- a year, skewed to recent
+             AS created_at
+    FROM (
+        SELECT i, random() AS r2, random() AS r3, random() AS r4, random() AS r5,
+               CASE WHEN r1 < 0.03 THEN 'Pending' WHEN r1 < 0.05 THEN 'Retrying'
+                    WHEN r1 < 0.065 THEN 'Parked' WHEN r1 < 0.07 THEN 'Discarded'
+                    ELSE 'Delivered' END AS status
+        FROM (SELECT i, random() AS r1 FROM generate_series(1, %(rows)s) AS i) AS g
+    ) AS s
+) AS t
+"""
+
+
+def seed(url, rows):
+    import psycopg
+
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT setseed(0.42)")
+        # Building the trigram index once afterwards is much faster than maintaining it per row.
+        conn.execute("DROP INDEX IF EXISTS notif_subject_trgm_idx")
+        conn.execute("SET maintenance_work_mem = '256MB'")
+        conn.execute(SEED_SQL, {"rows": rows, "lists": LISTS, "list_count": len(LISTS), "sites": SITES})
+        conn.execute(
+            "CREATE INDEX notif_subject_trgm_idx ON notifications_notification USING gin (subject gin_trgm_ops)"
+        )
+        conn.execute("VACUUM ANALYZE notifications_notification")
+        counts = dict(conn.execute("SELECT status, count(*) FROM notifications_notification GROUP BY 1").fetchall())
+    seconds = time.perf_counter() - started
+    print(f"seeded {sum(counts.values()):,} notifications in {seconds:.0f} s: {counts}", flush=True)
+    return counts, seconds
+
+
+def setup_django(url):
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "outbox_project.settings")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+
+
+def configuration():
+    """Sites, lists and an operator to log in as (the role the console is for)."""
+    from django.contrib.auth.models import Group, User
+
+    from notifications.models import NotificationList
+    from sites.models import Site
+
+    for n in range(SITES):
+        Site.objects.get_or_create(site_id=f"site-{n:02d}", defaults={"name": f"Plant {n:02d}"})
+    for name in LISTS:
+        NotificationList.objects.get_or_create(name=name)
+    user, created = User.objects.get_or_create(username="bench-operator", defaults={"is_staff": True})
+    if created:
+        user.groups.add(Group.objects.get(name="Operators"))
+    return user
+
+
+def measure(client, url, runs):
+    """Median and all server times (ms) for ``url`` after one warm-up, with the queries one
+    request runs and the slowest of them."""
+    from django.db import connection
+
+    queries = []
+
+    def timed(execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            queries.append(((time.perf_counter() - started) * 1000, sql))
+
+    response = client.get(url)
+    assert response.status_code == 200, (url, response.status_code)
+    with connection.execute_wrapper(timed):
+        response = client.get(url)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200
+    changelist = (response.context or {}).get("cl")
+    slowest = max(queries, default=(0.0, ""))
+    return {"median_ms": statistics.median(times), "runs_ms": [round(t, 1) for t in times],
+            "queries": len(queries), "result_count": getattr(changelist, "result_count", None),
+            "slowest_query_ms": round(slowest[0], 1), "slowest_query": slowest[1][:300]}  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--reuse", action="store_true", help="measure an already seeded database (skip seeding)")
+    args = parser.parse_args()
+
+    if args.reuse:
+        from urllib.parse import urlparse, urlunparse
+
+        base = urlparse(os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
+        url = urlunparse(base._replace(path=f"/{base.path.lstrip('/') or 'outbox_bench'}_console"))
+        counts, seed_seconds = {}, 0.0
+    else:
+        print("Preparing a fresh PostgreSQL database …", flush=True)
+        url = fresh_database("console")
+        counts, seed_seconds = seed(url, args.rows)
+
+    setup_django(url)
+    from django.test import Client
+    from django.test.utils import setup_test_environment
+
+    setup_test_environment()  # lets the test Client report the rendered context
+    from django.urls import reverse
+
+    user = configuration()
+    client = Client()
+    client.force_login(user)
+    outbox = reverse("admin:notifications_notification_changelist")
+    pages = {
+        "default outbox page": (outbox, 500),
+        "status filter (Parked)": (f"{outbox}?status=Parked", 500),
+        "status filter (Delivered)": (f"{outbox}?status=Delivered", 500),
+        "subject search (common word)": (f"{outbox}?q=compressor", 1000),
+        "subject search (rare word)": (f"{outbox}?q=overtemperature", 1000),
+        "admin index dashboard": (reverse("admin:index"), 500),
+    }
+    results, checks = {}, []
+    for label, (url_path, target_ms) in pages.items():
+        result = measure(client, url_path, args.runs)
+        results[label] = dict(result, url=url_path)
+        print(f"{label:32} median {result['median_ms']:7.1f} ms  ({result['queries']} queries, "
+              f"slowest {result['slowest_query_ms']:.1f} ms, rows {result['result_count']})", flush=True)  # fmt: skip
+        checks.append(check(f"console: {label}", result["median_ms"], "ms", f"<= {target_ms}",
+                            result["median_ms"] <= target_ms, result["median_ms"] / target_ms))  # fmt: skip
+    write_results("console", checks, {"rows": args.rows, "status_counts": counts, "seed_seconds": round(seed_seconds, 1),
+                                      "runs": args.runs, "pages": results})  # fmt: skip
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
