@@ -6,6 +6,7 @@
         smtp.behave("refuse", refuse={"b@x.org"})   # 550 for those recipients at RCPT TO
         smtp.behave("hang", hang_seconds=30)         # never answers DATA
         smtp.behave("drop")                          # closes the connection at DATA
+        smtp.behave("accept", delay_seconds=0.05)    # accepts, slowly
         smtp.wait_for(3)                             # three messages received (or fails)
         smtp.count_by_notification_id()             # Counter of X-Notification-Id values
 
@@ -85,6 +86,8 @@ class _Handler:
         if mode == "drop":
             server.transport.abort()
             await asyncio.sleep(3600)  # cancelled when aiosmtpd notices the lost connection
+        if owner.delay_seconds:
+            await asyncio.sleep(owner.delay_seconds)
         owner._record(envelope)
         return "250 OK queued"
 
@@ -104,6 +107,7 @@ class SmtpServer:
         self.code_4xx = "451 4.3.0 try again later"
         self.code_5xx = "554 5.7.1 message rejected"
         self.hang_seconds = 30.0
+        self.delay_seconds = 0.0
         self.received = []
         self.ids = collections.Counter()
         self.sessions = set()
@@ -115,12 +119,14 @@ class SmtpServer:
 
     # --- behaviour ------------------------------------------------------------------------
 
-    def behave(self, mode, *, refuse=(), refuse_code=550, hang_seconds=None):
+    def behave(self, mode, *, refuse=(), refuse_code=550, hang_seconds=None, delay_seconds=0.0):
+        """Set what the server does next; ``delay_seconds`` slows every accepted DATA."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.mode = mode
         self.refuse = {address.lower() for address in refuse}
         self.refuse_code = refuse_code
+        self.delay_seconds = delay_seconds
         if hang_seconds is not None:
             self.hang_seconds = hang_seconds
         return self

@@ -1,0 +1,58 @@
+"""Retention purge (DESIGN §6): terminal rows older than the retention window go, in batches.
+
+Age is measured by ``created_at``. Each batch is its own short transaction that locks only the
+rows it deletes (``SKIP LOCKED`` on PostgreSQL, so it never waits for a dispatcher or an
+operator), and re-checks the status under that lock: a row an operator just moved back to
+Pending is never deleted. Non-terminal rows are never purged, however old.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from notifications.models import DeliveryAttempt, Notification
+
+
+@dataclass
+class PurgeReport:
+    cutoff: object
+    deleted: int = 0
+    batches: int = 0
+    dry_run: bool = False
+
+    def __str__(self):
+        verb = "would delete" if self.dry_run else "deleted"
+        return f"{verb} {self.deleted} terminal notifications created before {self.cutoff:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def notifications_purge(*, now=None, dry_run=False, batch_size=None, progress=None):
+    """Delete terminal notifications (and their attempts) created before ``now`` minus
+    OUTBOX_RETENTION_DAYS, ``batch_size`` rows per transaction. ``progress(report)`` is called
+    after each batch. With ``dry_run`` only counts. Returns a :class:`PurgeReport`."""
+    now = now or timezone.now()
+    batch_size = batch_size or settings.OUTBOX_PURGE_BATCH_SIZE
+    report = PurgeReport(cutoff=now - timedelta(days=settings.OUTBOX_RETENTION_DAYS), dry_run=dry_run)
+    expired = Notification.objects.filter(status__in=Notification.TERMINAL, created_at__lt=report.cutoff)
+    if dry_run:
+        report.deleted = expired.count()
+        return report
+    while True:
+        with transaction.atomic():
+            batch = expired.order_by("created_at")
+            if connection.features.has_select_for_update_skip_locked:
+                batch = batch.select_for_update(skip_locked=True)
+            pks = list(batch.values_list("pk", flat=True)[:batch_size])
+            if not pks:
+                break
+            DeliveryAttempt.objects.filter(notification_id__in=pks).delete()
+            deleted, _ = Notification.objects.filter(pk__in=pks, status__in=Notification.TERMINAL).only("pk").delete()
+        report.deleted += deleted
+        report.batches += 1
+        if progress:
+            progress(report)
+        if len(pks) < batch_size:
+            break
+    return report

@@ -1,0 +1,144 @@
+"""Retention purge and KPIs on crafted data."""
+
+import base64
+import hashlib
+import itertools
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.utils import timezone
+
+from notifications.kpis import kpis_compute
+from notifications.models import DeliveryAttempt, Notification
+from notifications.purge import notifications_purge
+
+Status = Notification.Status
+_n = itertools.count()
+NOW = timezone.now()
+
+
+def make(status, *, age, site="plant-a", delivered_ago=None):
+    n = next(_n)
+    created = NOW - age
+    row = Notification.objects.create(
+        notification_id=uuid.uuid4(), list_name="Operators", subject=f"n{n}", source_site_id=site,
+        site_enqueued_at=created, created_at=created, next_attempt_at=created, status=status,
+        delivered_at=None if delivered_ago is None else NOW - delivered_ago,
+        fingerprint=hashlib.sha256(str(n).encode()).hexdigest(),
+    )  # fmt: skip
+    DeliveryAttempt.objects.create(notification=row, outcome="success")
+    return row
+
+
+# --- purge ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def aged(db, settings):
+    settings.OUTBOX_RETENTION_DAYS = 30
+    old, young = timedelta(days=31), timedelta(days=29)
+    return {
+        "old_terminal": [make(Status.DELIVERED, age=old), make(Status.PARKED, age=old),
+                         make(Status.DISCARDED, age=old)],
+        "old_live": [make(Status.PENDING, age=old), make(Status.RETRYING, age=old)],
+        "young": [make(Status.DELIVERED, age=young), make(Status.PARKED, age=young)],
+    }  # fmt: skip
+
+
+def test_purge_deletes_only_terminal_rows_older_than_the_retention_window(aged):
+    report = notifications_purge(now=NOW)
+    assert report.deleted == 3
+    remaining = set(Notification.objects.values_list("pk", flat=True))
+    assert remaining == {n.pk for n in aged["old_live"] + aged["young"]}
+    assert DeliveryAttempt.objects.count() == 4  # the purged rows' attempts went with them
+
+
+def test_purge_works_in_batches_and_reports_progress(aged):
+    seen = []
+    report = notifications_purge(now=NOW, batch_size=2, progress=lambda r: seen.append(r.deleted))
+    assert (report.deleted, report.batches, seen) == (3, 2, [2, 3])
+
+
+def test_purge_dry_run_counts_and_deletes_nothing(aged):
+    report = notifications_purge(now=NOW, dry_run=True)
+    assert report.deleted == 3 and "would delete 3" in str(report)
+    assert Notification.objects.count() == 7
+
+
+def test_purge_command_prints_progress_and_honours_dry_run(aged, capsys):
+    call_command("purge_notifications", "--dry-run")
+    assert "would delete 3 terminal notifications" in capsys.readouterr().out
+    assert Notification.objects.count() == 7
+    call_command("purge_notifications", "--batch-size", "2")
+    out = capsys.readouterr().out
+    assert "batch 1: 2 deleted so far" in out and "deleted 3 terminal notifications" in out
+    assert Notification.objects.count() == 4
+
+
+# --- KPIs -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def crafted(db, settings):
+    settings.OUTBOX_STUCK_AGE = 600
+    settings.OUTBOX_KPI_INTERVAL = 3600
+    make(Status.PENDING, age=timedelta(minutes=30))                   # stuck
+    make(Status.RETRYING, age=timedelta(minutes=5))
+    make(Status.PENDING, age=timedelta(seconds=10))
+    make(Status.PARKED, age=timedelta(days=2))
+    make(Status.DELIVERED, age=timedelta(minutes=20), delivered_ago=timedelta(minutes=19))
+    make(Status.DELIVERED, age=timedelta(hours=3), delivered_ago=timedelta(hours=2))  # before the interval
+    make(Status.DISCARDED, age=timedelta(days=3))
+    make(Status.PENDING, age=timedelta(minutes=11), site="plant-b")  # stuck
+    make(Status.PARKED, age=timedelta(days=1), site="plant-b")
+    make(Status.DELIVERED, age=timedelta(days=9), site="plant-c", delivered_ago=timedelta(days=9))
+
+
+def test_kpis_are_computed_globally_and_per_site(crafted):
+    kpis = kpis_compute(now=NOW)
+    assert kpis["global"] == {"queue_depth": 4, "stuck": 2, "parked": 2, "delivered_last_interval": 1,
+                              "oldest_pending_age_seconds": 1800.0}  # fmt: skip
+    assert kpis["per_site"] == {
+        "plant-a": {"queue_depth": 3, "stuck": 1, "parked": 1, "delivered_last_interval": 1,
+                    "oldest_pending_age_seconds": 1800.0},
+        "plant-b": {"queue_depth": 1, "stuck": 1, "parked": 1, "delivered_last_interval": 0,
+                    "oldest_pending_age_seconds": 660.0},
+    }  # fmt: skip
+    assert kpis["computed_at"].endswith("Z")
+
+
+def test_kpis_of_an_empty_table_have_no_oldest_age(db):
+    kpis = kpis_compute()
+    assert kpis["global"] == {"queue_depth": 0, "stuck": 0, "parked": 0, "delivered_last_interval": 0,
+                              "oldest_pending_age_seconds": None}  # fmt: skip
+    assert kpis["per_site"] == {}
+
+
+def test_kpis_take_one_query(crafted, django_assert_num_queries):
+    with django_assert_num_queries(1):
+        kpis_compute()
+
+
+def basic(username, password):
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def test_kpi_endpoint_answers_staff_with_basic_or_session_authentication(crafted, client):
+    User.objects.create_user("boss", password="pw-123456", is_staff=True)
+    response = client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=basic("boss", "pw-123456"))
+    assert response.status_code == 200
+    assert response.json()["global"]["queue_depth"] == 4
+    client.login(username="boss", password="pw-123456")
+    assert client.get("/api/v1/kpis/").json()["per_site"]["plant-b"]["parked"] == 1
+
+
+def test_kpi_endpoint_refuses_anonymous_with_401_and_non_staff_with_403(db, client, api):
+    User.objects.create_user("clerk", password="pw-123456", is_staff=False)
+    response = client.get("/api/v1/kpis/")
+    assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Basic")
+    assert client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=basic("clerk", "pw-123456")).status_code == 403
+    assert client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=basic("boss", "wrong")).status_code == 401
+    assert api.get("/api/v1/kpis/").status_code == 401  # a site key is not a staff login

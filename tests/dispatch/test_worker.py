@@ -1,0 +1,193 @@
+"""The worker side: the coalesced trigger, django-q2 tasks and schedules, the commands."""
+
+import os
+import signal
+import smtplib
+import subprocess
+import sys
+import time
+from email.message import EmailMessage
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.models import OrmQ, Schedule
+from django_q.signing import SignedPackage
+
+from notifications import tasks
+from notifications.models import DeliveryAttempt, EmailRecipient, Notification, NotificationList
+from tests.dispatch.conftest import configure_smtp, queue
+from tests.support.db import database_url
+from tests.support.smtp import SmtpServer, closed_port
+
+Status = Notification.Status
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child_env(**extra):
+    env = dict(os.environ, DATABASE_URL=database_url(), LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def manage(*args, **env):
+    return subprocess.Popen([sys.executable, str(ROOT / "manage.py"), *args], env=child_env(**env), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def poll(condition, *, timeout, message):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(message)
+        time.sleep(0.02)
+
+
+def queued_dispatch_tasks():
+    return [
+        p for p in OrmQ.objects.filter(key=Conf.CLUSTER_NAME).values_list("payload", flat=True)
+        if SignedPackage.loads(p)["func"] == tasks.DISPATCH_TASK
+    ]  # fmt: skip
+
+
+def make_operators():
+    operators = NotificationList.objects.create(name="Operators")
+    EmailRecipient.objects.create(notification_list=operators, email="op1@example.com")
+    return operators
+
+
+# --- trigger and tasks ------------------------------------------------------------------------
+
+
+def test_a_burst_of_ingests_queues_one_dispatch_task_while_none_is_picked_up(transactional_db):
+    for _ in range(300):
+        queue()
+    poll(lambda: len(queued_dispatch_tasks()) >= 1, timeout=5, message="no dispatch task was queued")
+    time.sleep(tasks.TRIGGER_DEBOUNCE * 4)  # let the trigger thread act on the last requests
+    assert len(queued_dispatch_tasks()) == 1
+
+
+def test_a_new_task_is_queued_once_the_waiting_one_was_picked_up(db):
+    assert tasks.dispatch_enqueue() is True
+    assert tasks.dispatch_enqueue() is False  # one is waiting: coalesced
+    OrmQ.objects.update(lock=timezone.now() + timezone.timedelta(seconds=60))  # a worker took it
+    assert tasks.dispatch_enqueue() is True
+    assert len(queued_dispatch_tasks()) == 2
+
+
+def test_a_waiting_purge_task_does_not_swallow_a_dispatch_request(db):
+    from django_q.tasks import async_task
+
+    async_task(tasks.PURGE_TASK)
+    assert tasks.dispatch_enqueue() is True
+
+
+def test_tasks_are_time_boxed_below_the_task_timeout_and_the_broker_lease():
+    assert tasks.task_time_budget() < Conf.TIMEOUT < Conf.RETRY
+
+
+def test_dispatch_task_delivers_and_queues_a_follow_up_when_time_runs_out(smtp_server, smtp_config, monkeypatch):
+    make_operators()
+    queue(3)
+    assert "delivered 3" in tasks.dispatch_task()
+    assert smtp_server.count == 3
+    queue(2)
+    monkeypatch.setattr(tasks, "task_time_budget", lambda: 0)
+    tasks.dispatch_task()
+    assert len(queued_dispatch_tasks()) == 1
+
+
+def test_setup_schedules_is_idempotent(db, capsys):
+    call_command("setup_schedules")
+    assert capsys.readouterr().out.count(": created") == 2
+    call_command("setup_schedules")
+    assert capsys.readouterr().out.count(": unchanged") == 2
+    sweep = Schedule.objects.get(name="outbox: dispatch sweep")
+    assert (sweep.func, sweep.schedule_type, sweep.minutes, sweep.repeats) == (tasks.DISPATCH_TASK, "I", 1, -1)
+    purge = Schedule.objects.get(name="outbox: retention purge")
+    assert (purge.func, purge.schedule_type) == (tasks.PURGE_TASK, Schedule.DAILY)
+    Schedule.objects.filter(pk=sweep.pk).update(minutes=5)
+    call_command("setup_schedules")
+    assert "dispatch sweep (notifications.tasks.dispatch_task): updated" in capsys.readouterr().out
+    assert Schedule.objects.count() == 2
+
+
+@pytest.mark.slow
+def test_an_ingested_notification_is_delivered_by_the_worker_within_seconds(transactional_db, smtp_server, api):
+    configure_smtp(smtp_server)
+    make_operators()
+    worker = manage("qcluster")
+    try:
+        from tests.conftest import make_payload
+
+        payload = make_payload()
+        started = time.monotonic()
+        assert api.post("/api/v1/notifications/", payload, format="json").status_code == 201
+        smtp_server.wait_for(1, timeout=20)
+        elapsed = time.monotonic() - started
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=30)
+    assert smtp_server.count_by_notification_id() == {payload["notification_id"]: 1}
+    poll(lambda: Notification.objects.get(pk=payload["notification_id"]).status == Status.DELIVERED, timeout=10,
+         message="the row was not marked Delivered")  # fmt: skip
+    print(f"ingest → SMTP server through qcluster: {elapsed:.2f} s")
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def test_dispatch_once_delivers_everything_due_and_reports(smtp_server, smtp_config, capsys):
+    make_operators()
+    queue(12)
+    call_command("dispatch", "--once", "--batch-size", "5")
+    out = capsys.readouterr().out
+    assert "pass: claimed 12, delivered 12" in out
+    assert "dispatch finished: delivered 12, retrying 0, parked 0" in out
+    assert smtp_server.count == 12
+
+
+@pytest.mark.slow
+def test_dispatch_loop_stops_on_sigterm_finishing_the_attempts_in_flight(transactional_db, smtp_server):
+    configure_smtp(smtp_server)
+    make_operators()
+    smtp_server.behave("accept", delay_seconds=0.5)
+    queue(20)
+    worker = manage("dispatch", "--concurrency", "2", "--batch-size", "20")
+    poll(lambda: smtp_server.connections >= 2, timeout=20, message="the dispatcher never connected")
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=20)
+    assert worker.returncode == 0, err
+    assert "stopping: finishing deliveries in flight" in err
+    delivered = Notification.objects.filter(status=Status.DELIVERED).count()
+    assert delivered == smtp_server.count >= 2  # what was in flight finished and was recorded
+    assert Notification.objects.filter(status=Status.PENDING, claimed_by="").count() == 20 - delivered
+    assert not DeliveryAttempt.objects.filter(outcome="in_progress").exists()
+    assert DeliveryAttempt.objects.count() == delivered
+
+
+@pytest.mark.slow
+def test_smtp_catcher_saves_every_message_under_the_maildir(tmp_path):
+    port = closed_port()
+    catcher = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "smtp_catcher", "--port", str(port), "--maildir", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+    )  # fmt: skip
+    try:
+        assert "listening" in catcher.stdout.readline()
+        message = EmailMessage()
+        message["From"], message["To"], message["Subject"] = "a@example.com", "b@example.com", "Hello"
+        message["X-Notification-Id"] = "6f1c3a52-0f7e-4a4e-9d8e-3f1b2c4d5e6f"
+        message.set_content("Body")
+        with smtplib.SMTP("127.0.0.1", port, timeout=5) as smtp:
+            smtp.send_message(message)
+        poll(lambda: list(tmp_path.glob("*.eml")), timeout=5, message="no message saved")
+    finally:
+        catcher.send_signal(signal.SIGTERM)
+        catcher.communicate(timeout=10)
+    (saved,) = tmp_path.glob("*.eml")
+    assert "6f1c3a52-0f7e-4a4e-9d8e-3f1b2c4d5e6f" in saved.name
+    assert b"Subject: Hello" in saved.read_bytes()
+    assert catcher.returncode == 0
