@@ -7,14 +7,17 @@ from django.db import InterfaceError, OperationalError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
+from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 from rest_framework.generics import ListAPIView
 from rest_framework.pagination import CursorPagination
+from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from notifications.adapters import TYPE_CHOICES
 from notifications.ingest import notification_status_record, notification_validate, notifications_ingest
+from notifications.kpis import kpis_compute
 from notifications.models import Notification
 
 # --- errors ---------------------------------------------------------------------------------
@@ -287,3 +290,26 @@ class NotificationDetailView(APIView):
             raise exceptions.NotFound("No notification with this id for this site.", code="not_found")
         return Response(notification_status_record(notification))
 
+
+
+# --- KPIs (staff only) ------------------------------------------------------------------------
+
+
+class KpiView(APIView):
+    """Delivery KPIs, global and per source site (DESIGN §6). Staff only: Basic first, so an
+    anonymous caller gets 401 with a WWW-Authenticate challenge; a non-staff user gets 403."""
+
+    authentication_classes = [BasicAuthentication, SessionAuthentication]
+    permission_classes = [IsAdminUser]
+    throttle_classes = []
+
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(OpenApiTypes.OBJECT, description="KPIs: global, per_site, computed_at"),
+            401: OpenApiResponse(ErrorSerializer, description="Not authenticated"),
+            403: OpenApiResponse(ErrorSerializer, description="Not staff"),
+            503: ERROR_RESPONSES[503],
+        }
+    )
+    def get(self, request):
+        return Response(kpis_compute())

@@ -15,11 +15,12 @@ from functools import cached_property
 from types import SimpleNamespace
 from datetime import datetime, timezone as dt_timezone
 
-from django.db import connection, models
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from notifications.adapters import ADAPTER_PATHS
 from notifications.models import Notification
+from notifications.tasks import dispatch_request
 
 MAX_LENGTHS = {
     "list_name": 200,
@@ -245,6 +246,8 @@ def notifications_ingest(*, site_id, inputs):
     for start in range(0, len(rows), INSERT_CHUNK):
         inserted |= _insert_ignoring_conflicts(rows[start : start + INSERT_CHUNK])
 
+    if inserted:
+        transaction.on_commit(dispatch_request)  # coalesced; costs this request no query
     created_rows = {row["notification_id"]: SimpleNamespace(**row) for row in rows if row["notification_id"] in inserted}
     existing = {}
     missing = [nid for nid in first_by_id if nid not in inserted]

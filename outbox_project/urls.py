@@ -14,6 +14,7 @@ urlpatterns = [
         api.NotificationDetailView.as_view(),
         name="notification-detail",
     ),
+    path("api/v1/kpis/", api.KpiView.as_view(), name="kpis"),
     path(
         "api/v1/schema/",
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
