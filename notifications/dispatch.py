@@ -275,8 +275,9 @@ def _dispatch_batch(rows, *, worker_id, pool, contexts, stop, deadline, report):
 
     # Stop starting deliveries well before the lease runs out, so a slow batch never overlaps
     # a re-claim by another worker; the margin covers one delivery's network calls.
+    lease = settings.OUTBOX_LEASE_SECONDS
     timeout_margin = max((getattr(c.session, "timeout", 10) for c in contexts.values()), default=10) * 4
-    start_by = min(deadline, lease_deadline - timeout_margin)
+    start_by = min(deadline, lease_deadline - min(timeout_margin, lease / 2))
 
     def deliver(row, targets):
         if stop.is_set() or time.monotonic() >= start_by:
