@@ -236,19 +236,24 @@ def notifications_ingest(*, site_id, inputs):
     Every row reported "created" is committed before this returns. Repeated ids within
     ``inputs`` are judged against the first occurrence, exactly as a later replay would be.
     """
-    now = timezone.now()
     first_by_id = {}
     for item in inputs:
         first_by_id.setdefault(item.notification_id, item)
 
-    rows = [_row_for(item, site_id=site_id, now=now) for item in first_by_id.values()]
-    inserted = set()
+    rows = [_row_for(item, site_id=site_id) for item in first_by_id.values()]
+    inserted = {}
     for start in range(0, len(rows), INSERT_CHUNK):
-        inserted |= _insert_ignoring_conflicts(rows[start : start + INSERT_CHUNK])
+        inserted.update(_insert_ignoring_conflicts(rows[start : start + INSERT_CHUNK]))
 
     if inserted:
         transaction.on_commit(dispatch_request)  # coalesced; costs this request no query
-    created_rows = {row["notification_id"]: SimpleNamespace(**row) for row in rows if row["notification_id"] in inserted}
+    created_rows = {}
+    for row in rows:
+        created_at = inserted.get(row["notification_id"])
+        if created_at is not None:
+            row["created_at"] = row["next_attempt_at"] = created_at
+            row["site_enqueued_at"] = row["site_enqueued_at"] or created_at
+            created_rows[row["notification_id"]] = SimpleNamespace(**row)
     existing = {}
     missing = [nid for nid in first_by_id if nid not in inserted]
     if missing:
@@ -278,8 +283,9 @@ def notifications_ingest(*, site_id, inputs):
     return outcomes
 
 
-def _row_for(item, *, site_id, now):
-    """The new row's column values by attribute name (model instances cost ~50 µs each)."""
+def _row_for(item, *, site_id):
+    """The new row's column values by attribute name (model instances cost ~50 µs each).
+    The ingest time is left to the insert (the database's clock)."""
     return {
         "notification_id": item.notification_id,
         "type": item.type,
@@ -294,10 +300,10 @@ def _row_for(item, *, site_id, now):
         "source_site_id": site_id,
         "source_instance_id": item.source_instance_id,
         "source_script": item.source_script,
-        "site_enqueued_at": item.site_enqueued_at or now,
-        "created_at": now,
+        "site_enqueued_at": item.site_enqueued_at,
+        "created_at": None,
         "last_attempt_at": None,
-        "next_attempt_at": now,
+        "next_attempt_at": None,
         "delivered_at": None,
         "claimed_by": "",
         "claimed_until": None,
@@ -306,12 +312,16 @@ def _row_for(item, *, site_id, now):
 
 
 def _insert_ignoring_conflicts(rows):
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id; the set of ids this statement inserted.
+    """INSERT … ON CONFLICT DO NOTHING RETURNING id; {id: created_at} of the rows it inserted.
 
     Runs as one statement in autocommit mode (outside any transaction of ours), so the
     insert is committed when it returns. PostgreSQL makes a concurrent inserter of the same
     id wait for the first one's commit, which is what lets replays be judged exactly.
     Django's bulk_create(ignore_conflicts=True) cannot say which rows it inserted.
+
+    On PostgreSQL the ingest time (``created_at``, the first ``next_attempt_at`` and a missing
+    ``site_enqueued_at``) is the database's clock, as are all dispatch times, so a web process
+    whose clock is off never schedules a row into the future or past.
     """
     if not rows:
         return set()
@@ -328,26 +338,40 @@ def _insert_ignoring_conflicts(rows):
         document = [
             {f.column: _json_value(row.get(f.attname, defaults.get(f.attname))) for f in fields} for row in rows
         ]
+        database_clock = {
+            "created_at": "statement_timestamp()",
+            "next_attempt_at": "statement_timestamp()",
+            "site_enqueued_at": f"COALESCE(r.{quote('site_enqueued_at')}, statement_timestamp())",
+        }
+        selects = ", ".join(database_clock.get(f.column, f"r.{quote(f.column)}") for f in fields)
         sql = (
-            f"INSERT INTO {table} ({columns}) SELECT {columns} "
+            f"INSERT INTO {table} ({columns}) SELECT {selects} "
             f"FROM jsonb_to_recordset(%s::jsonb) AS r({definitions}) "
-            f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}"
+            f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}, {quote('created_at')}"
         )
         params = [json.dumps(document, ensure_ascii=False)]
     else:
+        # SQLite is embedded: the web process and the database share one clock.
+        now = timezone.now()
         one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
         sql = (
             f"INSERT INTO {table} ({columns}) VALUES {', '.join([one_row] * len(rows))} "
             f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}"
         )
-        params = [
-            field.get_db_prep_save(row.get(field.attname, defaults.get(field.attname)), connection)
-            for row in rows
-            for field in fields
-        ]
+        clock = {"created_at": now, "next_attempt_at": now}
+        params = []
+        for row in rows:
+            values = dict(row, **clock, site_enqueued_at=row["site_enqueued_at"] or now)
+            params.extend(
+                field.get_db_prep_save(values.get(field.attname, defaults.get(field.attname)), connection)
+                for field in fields
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return {value if isinstance(value, uuid.UUID) else uuid.UUID(value): now for (value,) in cursor.fetchall()}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {value if isinstance(value, uuid.UUID) else uuid.UUID(value) for (value,) in cursor.fetchall()}
+        return {value: created_at for value, created_at in cursor.fetchall()}
 
 
 def _json_value(value):
