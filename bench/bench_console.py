@@ -189,6 +189,7 @@ def main():
         "default outbox page": (outbox, 500),
         "status filter (Parked)": (f"{outbox}?status=Parked", 500),
         "status filter (Delivered)": (f"{outbox}?status=Delivered", 500),
+        "stuck-only toggle": (f"{outbox}?stuck=1", 500),
         "subject search (common word)": (f"{outbox}?q=compressor", 1000),
         "subject search (rare word)": (f"{outbox}?q=overtemperature", 1000),
         "admin index dashboard": (reverse("admin:index"), 500),

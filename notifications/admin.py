@@ -31,6 +31,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import smart_split, unescape_string_literal
 
 from notifications.adapters import TYPE_CHOICES
+from notifications.kpis import kpis_compute
 from notifications.models import DeliveryAttempt, EmailRecipient, Notification, NotificationList, SmtpConfiguration
 from notifications.operations import notification_discard, notification_retry, smtp_configuration_send_test
 from sites.models import Site
@@ -49,10 +50,6 @@ def stuck_before(now=None):
 
 def outbox_kpis():
     """The KPI tiles' data (one aggregate query, owned by notifications.kpis)."""
-    try:
-        from notifications.kpis import kpis_compute
-    except ImportError:  # TEMP until the dispatcher work lands
-        return None
     return kpis_compute()
 
 
@@ -349,18 +346,18 @@ class NotificationAdmin(admin.ModelAdmin):
         "status_badge",
         "stuck_badge",
         "type",
-        "list_name",
+        "list_column",
         "subject",
-        "source_site_id",
-        "created_at",
-        "retry_count",
+        "site_column",
+        "created_column",
+        "retries_column",
         "last_error_excerpt",
     )
     list_display_links = ("short_id",)
     list_filter = (StatusFilter, StuckFilter, TypeFilter, SourceSiteFilter, ListNameFilter, CreatedRangeFilter)
     search_fields = ("subject",)
     search_help_text = "Words in the subject (all must match), or a full notification id."
-    sortable_by = ("created_at",)
+    sortable_by = ("created_column",)  # the only order with an index behind it
     list_per_page = 100
     list_max_show_all = 1000
     paginator = OutboxPaginator
@@ -468,12 +465,28 @@ class NotificationAdmin(admin.ModelAdmin):
             return format_html('<span class="outbox-badge outbox-stuck" title="{}">stuck</span>', "Queued longer than the stuck-age threshold")
         return ""
 
+    @admin.display(description="list")
+    def list_column(self, obj):
+        return obj.list_name
+
+    @admin.display(description="site")
+    def site_column(self, obj):
+        return obj.source_site_id
+
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created_column(self, obj):
+        return format_html('<span class="outbox-nowrap">{}</span>', f"{obj.created_at:%Y-%m-%d %H:%M:%S}")
+
+    @admin.display(description="retries")
+    def retries_column(self, obj):
+        return obj.retry_count
+
     @admin.display(description="last error")
     def last_error_excerpt(self, obj):
         text = " ".join(obj.last_error.split())
-        if len(text) <= 80:
+        if len(text) <= 60:
             return text
-        return format_html('<span title="{}">{}…</span>', text[:1000], text[:80])
+        return format_html('<span title="{}">{}…</span>', text[:1000], text[:60])
 
     # --- detail fields
 

@@ -49,3 +49,10 @@ def stuck_minutes(kpis):
 @register.filter
 def sorted_items(mapping):
     return sorted((mapping or {}).items(), key=lambda item: str(item[0]))
+
+
+@register.filter
+def iso_utc(value):
+    """"2026-11-23T08:09:41.293676Z" → "2026-11-23 08:09:41 UTC"."""
+    text = str(value or "")
+    return f"{text[:10]} {text[11:19]} UTC" if len(text) >= 19 else text

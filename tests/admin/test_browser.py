@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from notifications.models import EmailRecipient, Notification
+from notifications.dispatch import dispatch_pass
+from notifications.models import EmailRecipient, Notification, SmtpConfiguration
 from tests.admin.conftest import PASSWORD, make_notification, make_user
+from tests.support.smtp import SmtpServer
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -61,7 +63,7 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
     context.set_default_timeout(15_000)
     page = context.new_page()
     yield page
@@ -69,11 +71,18 @@ def page(browser):
 
 
 @pytest.fixture
-def deliver_pending():
-    def deliver():
-        pytest.skip("TEMP: dispatcher not landed yet")
+def deliver_pending(operators_list):
+    """Runs one dispatcher pass against a real SMTP server on loopback."""
+    with SmtpServer() as smtp:
+        SmtpConfiguration.objects.create(host=smtp.host, port=smtp.port, security="none",
+                                         from_address="outbox@example.com", timeout_seconds=5)  # fmt: skip
 
-    return deliver
+        def deliver():
+            report = dispatch_pass(worker_id="browser-test", time_budget=20)
+            assert report.claimed == 1, report
+            smtp.wait_for(1)
+
+        yield deliver
 
 
 def log_in(page, live_server, user):
@@ -90,7 +99,6 @@ def row_status(page, notification):
 
 
 def test_operator_filters_to_parked_retries_one_and_sees_it_pending_then_delivered(page, live_server, deliver_pending):
-    pytest.importorskip("notifications.kpis", reason="TEMP: kpis_compute not landed yet")
     ARTIFACTS.mkdir(exist_ok=True)
     operator = make_user("olivia", groups=["Operators"])
     parked = make_notification(status=Status.PARKED, subject="Chiller 2 high pressure")
