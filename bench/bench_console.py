@@ -76,6 +76,7 @@ FROM (
         FROM (SELECT i, random() AS r1 FROM generate_series(1, %(rows)s) AS i) AS g
     ) AS s
 ) AS t
+ORDER BY created_at  -- the table grows in ingest order: rows sit on disk in created_at order
 """
 
 
