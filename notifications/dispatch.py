@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from notifications.adapters import adapter_for
 from notifications.adapters.base import DeliveryError, DeliveryResult
+from notifications.clock import database_now
 from notifications.models import DeliveryAttempt, Notification
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def notifications_claim_due(*, worker_id, limit, now=None, lease_seconds=None):
     Returns the claimed rows (with the fields delivery needs). The claim is committed when
     this returns; the lease lasts ``lease_seconds`` (default OUTBOX_LEASE_SECONDS).
     """
-    now = now or timezone.now()
+    now = now or database_now()
     until = now + timedelta(seconds=lease_seconds or settings.OUTBOX_LEASE_SECONDS)
     with transaction.atomic():
         candidates = Notification.objects.filter(notifications_due_q(now)).order_by(
@@ -123,7 +124,7 @@ def notification_apply_result(*, notification, outcome, worker_id, policy, now=N
     Returns True if the row was changed, False if this worker no longer holds it (an operator
     or another worker got there first; their state stands).
     """
-    changes, _ = _finish_changes(notification=notification, outcome=outcome, policy=policy, now=now or timezone.now())
+    changes, _ = _finish_changes(notification=notification, outcome=outcome, policy=policy, now=now or database_now())
     updated = Notification.objects.filter(
         pk=notification.pk, status=notification.status, claimed_by=worker_id
     ).update(**changes)
@@ -228,7 +229,7 @@ def dispatch_pass(*, worker_id, time_budget, stop=None, batch_size=None, concurr
                 if len(rows) < batch_size:
                     break  # drained; the next trigger or sweep picks up what arrives later
             else:
-                report.more_due = Notification.objects.filter(notifications_due_q(timezone.now())).exists()
+                report.more_due = Notification.objects.filter(notifications_due_q(database_now())).exists()
     finally:
         for context in contexts.values():
             context.close()
@@ -303,7 +304,7 @@ def _dispatch_batch(rows, *, worker_id, pool, contexts, stop, deadline, report):
 def _apply_outcomes(outcomes, *, worker_id, rows, attempts, contexts, report):
     """Finish rows and their attempts in one transaction. Rows with identical changes share one
     conditional UPDATE (in a healthy batch: every row delivered to the same list)."""
-    now = timezone.now()
+    now = database_now()
     groups = {}
     finished_attempts, unstarted = [], []
     for pk, outcome in outcomes:

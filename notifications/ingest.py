@@ -15,7 +15,7 @@ from functools import cached_property
 from types import SimpleNamespace
 from datetime import datetime, timezone as dt_timezone
 
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from notifications.adapters import ADAPTER_PATHS

@@ -15,8 +15,8 @@ from email.utils import make_msgid
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from django.utils import timezone
 
+from notifications.clock import database_now
 from notifications.models import Notification
 
 Status = Notification.Status
@@ -51,7 +51,7 @@ def notification_retry(*, notification_ids, user):
         changes={
             "status": Status.PENDING,
             "retry_count": 0,
-            "next_attempt_at": timezone.now(),
+            "next_attempt_at": database_now(),
             "claimed_by": "",
             "claimed_until": None,
         },

@@ -254,7 +254,7 @@ class Forwarder:
         items = data.get("results") if isinstance(data, dict) else None
         if not isinstance(items, list):
             self._transient([row.notification_id for row in rows],
-                            f"HTTP 200 from the batch endpoint without a results list", result)  # fmt: skip
+                            "HTTP 200 from the batch endpoint without a results list", result)  # fmt: skip
             return
         acknowledged, rejected, unanswered = [], {}, []
         for index, row in enumerate(rows):

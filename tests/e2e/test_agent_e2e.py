@@ -4,7 +4,6 @@ a real dispatcher process and a real SMTP server. PostgreSQL only (several proce
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +14,7 @@ from sites.models import Site
 from sites.services import site_key_issue
 from tests.dispatch.conftest import configure_smtp
 from tests.support.db import database_url
-from tests.support.processes import ROOT, Central, child_env, free_port, manage, poll, stop
+from tests.support.processes import ROOT, Central, child_env, manage, poll, stop
 from tests.support.smtp import SmtpServer
 
 pytestmark = pytest.mark.slow
