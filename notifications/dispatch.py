@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -293,12 +293,31 @@ def _dispatch_batch(rows, *, worker_id, pool, contexts, stop, deadline, report):
             futures.add(pool.submit(deliver, row, targets))
     finish = dict(worker_id=worker_id, rows=row_for, attempts=attempt_for, contexts=contexts, report=report)
     if early:
-        _apply_outcomes(early, **finish)
+        _apply_outcomes_durably(early, **finish)
     # Apply results as deliveries complete, all that completed meanwhile in one transaction:
     # a crash then re-delivers little more than what was in flight, and the batch stays cheap.
     while futures:
         done, futures = wait(futures, return_when=FIRST_COMPLETED)
-        _apply_outcomes([future.result() for future in done], **finish)
+        _apply_outcomes_durably([future.result() for future in done], **finish)
+
+
+# While the database is briefly unavailable (a failover, a restart), results of deliveries that
+# already happened are held and re-applied: dropping them would let the lease expire and the
+# message be sent a second time. Bounded well inside the lease.
+APPLY_RETRY_SECONDS = 0.5
+
+
+def _apply_outcomes_durably(outcomes, **finish):
+    deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS / 2
+    while True:
+        try:
+            return _apply_outcomes(outcomes, **finish)
+        except (OperationalError, InterfaceError):
+            if time.monotonic() > deadline:
+                raise
+            logger.warning("database unavailable while recording %d results; retrying", len(outcomes))
+            connection.close()
+            time.sleep(APPLY_RETRY_SECONDS)
 
 
 def _apply_outcomes(outcomes, *, worker_id, rows, attempts, contexts, report):

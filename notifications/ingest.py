@@ -11,9 +11,10 @@ import json
 import math
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from functools import cached_property
 from types import SimpleNamespace
-from datetime import datetime, timezone as dt_timezone
 
 from django.db import connection, transaction
 from django.utils import timezone

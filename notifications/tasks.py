@@ -16,7 +16,9 @@ import logging
 import os
 import threading
 import time
-from datetime import datetime, time as dt_time, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import time as dt_time
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.db import close_old_connections, connection

@@ -10,6 +10,7 @@ import threading
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import InterfaceError, OperationalError, connection
 
 from notifications.dispatch import dispatch_pass, worker_id_new
 
@@ -67,6 +68,14 @@ class Command(BaseCommand):
 
     def run_forever(self):
         while not self.stop.is_set():
-            report = self.run_pass()
+            try:
+                report = self.run_pass()
+            except (OperationalError, InterfaceError) as exc:
+                # The database restarts or fails over: wait and carry on; claimed rows whose
+                # results could not be recorded become due again when their lease expires.
+                self.stderr.write(f"database unavailable ({exc.__class__.__name__}); retrying shortly")
+                connection.close()
+                self.stop.wait(settings.OUTBOX_DISPATCH_INTERVAL)
+                continue
             if report.claimed == 0 and not report.more_due:
                 self.stop.wait(settings.OUTBOX_DISPATCH_INTERVAL)
