@@ -38,10 +38,14 @@ bench-ingest: $(STAMP)
 bench-agent: $(STAMP)
 	$(PY) bench/bench_agent.py
 
+bench-console: $(STAMP)
+	$(PY) bench/bench_console.py
+
 # Every bench-* target runs even when an earlier one misses its target; the summary says.
 bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
 	-$(MAKE) --no-print-directory bench-agent
+	-$(MAKE) --no-print-directory bench-console
 	$(PY) bench/summary.py
 
 clean:
