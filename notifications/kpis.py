@@ -46,7 +46,7 @@ def kpis_compute(*, now=None):
         Notification.objects.filter(status=Status.DELIVERED, delivered_at__gte=since)
         .values("source_site_id")
         .annotate(
-            queue_depth=Value(0), stuck=Value(0), parked=Value(0), delivered_last_interval=Count("*"),
+            queue_depth=Value(0), stuck=Value(0), parked=Value(0), delivered_last_interval=Count("delivered_at"),
             oldest=Value(None, output_field=DateTimeField()),
         )
         .order_by()
