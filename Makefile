@@ -5,12 +5,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-fast bench bench-ingest bench-dispatch bench-console bench-agent check clean
+.PHONY: help install run test bench bench-ingest bench-dispatch bench-console bench-agent chaos chaos-short check clean
 
 help:
 	@echo "make run    - install into .venv, migrate SQLite, load the demo, start web + worker + SMTP catcher"
 	@echo "make test   - install and run the whole test suite (DATABASE_URL=postgres://… for PostgreSQL)"
 	@echo "make bench  - run every benchmark on PostgreSQL and print one summary table"
+	@echo "make chaos  - fault-injection suite on PostgreSQL (needs root for the PostgreSQL restart)"
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,13 @@ test: $(STAMP)
 check: $(STAMP)
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
+
+# Fault injection (chaos/run.py): real gunicorn, dispatchers, PostgreSQL and SMTP under faults.
+chaos: $(STAMP)
+	$(PY) chaos/run.py
+
+chaos-short: $(STAMP)
+	$(PY) chaos/run.py --short
 
 # Benchmarks need PostgreSQL: BENCH_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/…).
 bench-ingest: $(STAMP)

@@ -193,6 +193,9 @@ OUTBOX_LEASE_SECONDS = _positive("OUTBOX_LEASE_SECONDS", 120, "int")
 OUTBOX_KPI_INTERVAL = _positive("OUTBOX_KPI_INTERVAL", 3600, "int")  # "delivered in last…"
 OUTBOX_MAX_BODY_BYTES = _positive("OUTBOX_MAX_BODY_BYTES", 1_048_576, "int")
 OUTBOX_BATCH_MAX_ITEMS = _positive("OUTBOX_BATCH_MAX_ITEMS", 1000, "int")
+# Queue a django-q2 dispatch task after ingest commits (low latency). Off only where dedicated
+# `manage.py dispatch` processes do all the delivering.
+OUTBOX_DISPATCH_TRIGGER = _read("OUTBOX_DISPATCH_TRIGGER", "bool", True)
 OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 5000, "int")
 # How long a verified site key is trusted by one web process before it is checked again
 # (revocation and deactivation reach the other processes within this time). 0 disables.

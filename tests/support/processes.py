@@ -57,7 +57,9 @@ def stop(process, *, sig=signal.SIGTERM, timeout=20):
 class Central:
     """gunicorn serving the project on ``port`` (a free one unless given), as in production."""
 
-    def __init__(self, *, port=None, workers=2, database=None, **env):
+    def __init__(self, *, port=None, workers=2, database=None, launcher=(), **env):
+        """``launcher``: arguments run before ``-m gunicorn`` (e.g. a clock-skewing wrapper)."""
+        self.launcher = [str(part) for part in launcher]
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers, self.database, self.env = workers, database, env
@@ -65,7 +67,7 @@ class Central:
 
     def start(self, timeout=30):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "outbox_project.wsgi:application", "--bind", f"127.0.0.1:{self.port}",
+            [sys.executable, *self.launcher, "-m", "gunicorn", "outbox_project.wsgi:application", "--bind", f"127.0.0.1:{self.port}",
              "--workers", str(self.workers), "--log-level", "warning", "--graceful-timeout", "5"],
             env=child_env(database=self.database, **self.env), cwd=ROOT,
         )  # fmt: skip
