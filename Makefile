@@ -43,6 +43,9 @@ chaos-short: $(STAMP)
 bench-ingest: $(STAMP)
 	$(PY) bench/bench_ingest.py
 
+bench-dispatch: $(STAMP)
+	$(PY) bench/bench_dispatch.py
+
 bench-agent: $(STAMP)
 	$(PY) bench/bench_agent.py
 
@@ -52,6 +55,7 @@ bench-console: $(STAMP)
 # Every bench-* target runs even when an earlier one misses its target; the summary says.
 bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
+	-$(MAKE) --no-print-directory bench-dispatch
 	-$(MAKE) --no-print-directory bench-agent
 	-$(MAKE) --no-print-directory bench-console
 	$(PY) bench/summary.py
