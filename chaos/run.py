@@ -209,8 +209,6 @@ def _children(pid):
 
 def scenario_web_kill(world):
     """SIGKILL a gunicorn worker three times under load (the master starts a new one)."""
-    started = time.monotonic()
-    world.start_dispatchers(2)
     kills = []
 
     def kill_workers():
@@ -221,10 +219,8 @@ def scenario_web_kill(world):
                 os.kill(workers[0], signal.SIGKILL)
                 kills.append(workers[0])
 
-    ledger = run_load(world, seconds=6 if world.short else 10, during=kill_workers)
-    result = evaluate("SIGKILL web worker x3", world, acked=ledger.ids("ack"), started=started,
-                      note=f"killed {len(kills)} workers; indeterminate answers re-sent")  # fmt: skip
-    world.stop_dispatchers()
+    result = _under_load(world, "SIGKILL web worker x3", kill_workers, seconds=6 if world.short else 10,
+                         note=lambda: f"killed {len(kills)} workers; indeterminate answers re-sent")  # fmt: skip
     poll(world.web.healthy, timeout=30, message="gunicorn did not recover")
     return result
 
@@ -242,22 +238,16 @@ def scenario_postgres_restart(world):
     """PostgreSQL restarted in immediate mode (a crash) three times under load."""
     if os.geteuid() != 0:
         return {"scenario": "PostgreSQL restart (immediate)", "skipped": "needs root to restart the local cluster"}
-    started = time.monotonic()
-    world.start_dispatchers(2)
     restarts = []
 
     def restart():
         for _ in range(1 if world.short else 3):
             time.sleep(2)
-            problem = _postgres_restart()
-            restarts.append(problem or "ok")
+            restarts.append(_postgres_restart() or "restarted")
 
-    ledger = run_load(world, seconds=6 if world.short else 12, during=restart)
-    connection.close()
-    result = evaluate("PostgreSQL restart (immediate) x" + str(len(restarts)), world, acked=ledger.ids("ack"),
-                      started=started, note="; ".join(sorted(set(restarts))))  # fmt: skip
-    world.stop_dispatchers()
-    return result
+    count = 1 if world.short else 3
+    return _under_load(world, f"PostgreSQL restart (immediate) x{count}", restart, seconds=6 if world.short else 12,
+                       note=lambda: ", ".join(restarts))  # fmt: skip
 
 
 def scenario_dispatcher_kill(world):
@@ -294,10 +284,19 @@ def scenario_dispatcher_kill(world):
     return result
 
 
-def scenario_smtp_down(world):
-    """The SMTP server is down for a while, then back."""
+def _under_load(world, title, fault, *, seconds=6, note=lambda: ""):
+    """Two dispatchers run while new notifications are posted and ``fault()`` is injected."""
     started = time.monotonic()
     world.start_dispatchers(2)
+    ledger = run_load(world, seconds=seconds, during=fault)
+    connection.close()  # the fault may have broken this process's connection too
+    result = evaluate(title, world, acked=ledger.ids("ack"), started=started, note=note())
+    world.stop_dispatchers()
+    return result
+
+
+def scenario_smtp_down(world):
+    """The SMTP server is down for a while, then back."""
 
     def outage():
         time.sleep(1)
@@ -305,16 +304,11 @@ def scenario_smtp_down(world):
         time.sleep(3)
         world.smtp.start()
 
-    ledger = run_load(world, seconds=6, during=outage)
-    result = evaluate("SMTP down, then back", world, acked=ledger.ids("ack"), started=started)
-    world.stop_dispatchers()
-    return result
+    return _under_load(world, "SMTP down, then back", outage)
 
 
 def scenario_smtp_hang(world):
     """The SMTP server hangs past the client timeout (2 s), then recovers."""
-    started = time.monotonic()
-    world.start_dispatchers(2)
 
     def hang():
         time.sleep(1)
@@ -322,16 +316,11 @@ def scenario_smtp_hang(world):
         time.sleep(4)
         world.smtp.behave("refuse", refuse={DOOMED})
 
-    ledger = run_load(world, seconds=6, during=hang)
-    result = evaluate("SMTP hangs past timeout", world, acked=ledger.ids("ack"), started=started)
-    world.stop_dispatchers()
-    return result
+    return _under_load(world, "SMTP hangs past timeout", hang)
 
 
 def scenario_smtp_transient_codes(world):
     """421/450/451/452 at DATA for a while (transient: retried), then accepted."""
-    started = time.monotonic()
-    world.start_dispatchers(2)
 
     def codes():
         for reply in ("421 4.3.2 shutting down", "450 4.2.0 mailbox busy", "451 4.3.0 local error",
@@ -341,10 +330,7 @@ def scenario_smtp_transient_codes(world):
             time.sleep(1.2)
         world.smtp.behave("refuse", refuse={DOOMED})
 
-    ledger = run_load(world, seconds=6, during=codes)
-    result = evaluate("SMTP 421/450/451/452, then OK", world, acked=ledger.ids("ack"), started=started)
-    world.stop_dispatchers()
-    return result
+    return _under_load(world, "SMTP 421/450/451/452, then OK", codes)
 
 
 def scenario_smtp_permanent_codes(world):

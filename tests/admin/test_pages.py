@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from notifications import admin as notifications_admin
 from notifications.models import DeliveryAttempt, EmailRecipient, Notification, NotificationList, SmtpConfiguration
-from sites.models import Site, SiteAPIKey
+from sites.models import SiteAPIKey
 from tests.admin.conftest import make_notification
 
 Status = Notification.Status

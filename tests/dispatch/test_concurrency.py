@@ -1,7 +1,6 @@
 """Several dispatcher processes at once, and one killed mid-batch (PostgreSQL: SKIP LOCKED)."""
 
 import signal
-import time
 
 import pytest
 from django.utils import timezone
@@ -10,7 +9,8 @@ from notifications.ingest import notification_validate, notifications_ingest
 from notifications.models import DeliveryAttempt, Notification
 from tests.conftest import make_payload
 from tests.dispatch.conftest import configure_smtp
-from tests.dispatch.test_worker import make_operators, manage, poll
+from tests.dispatch.test_worker import make_operators
+from tests.support.processes import manage, poll
 from tests.support.smtp import SmtpServer
 
 Status = Notification.Status

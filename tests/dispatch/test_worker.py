@@ -1,13 +1,11 @@
 """The worker side: the coalesced trigger, django-q2 tasks and schedules, the commands."""
 
-import os
 import signal
 import smtplib
 import subprocess
 import sys
 import time
 from email.message import EmailMessage
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -19,30 +17,10 @@ from django_q.signing import SignedPackage
 from notifications import tasks
 from notifications.models import DeliveryAttempt, EmailRecipient, Notification, NotificationList
 from tests.dispatch.conftest import configure_smtp, queue
-from tests.support.db import database_url
-from tests.support.smtp import SmtpServer, closed_port
+from tests.support.processes import ROOT, child_env, manage, poll
+from tests.support.smtp import closed_port
 
 Status = Notification.Status
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def child_env(**extra):
-    env = dict(os.environ, DATABASE_URL=database_url(), LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT))
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def manage(*args, **env):
-    return subprocess.Popen([sys.executable, str(ROOT / "manage.py"), *args], env=child_env(**env), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
-def poll(condition, *, timeout, message):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        time.sleep(0.02)
 
 
 def queued_dispatch_tasks():
