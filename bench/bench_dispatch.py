@@ -25,8 +25,8 @@ import tempfile
 import threading
 import time
 import uuid
-from email.message import EmailMessage
-from email.policy import SMTP as SMTP_POLICY
+from datetime import datetime, timezone
+from email.utils import format_datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,13 +39,13 @@ RECIPIENTS = ["op1@bench.invalid", "op2@bench.invalid"]
 
 
 class Sink:
-    """The aiosmtpd sink in its own process; ``stop()`` returns every received X-Notification-Id."""
+    """The SMTP sink (bench/sink.py) in its own process; ``stop()`` returns every received X-Notification-Id."""
 
     def __init__(self):
         self.port = free_port()
         self.ids_file = Path(tempfile.mkstemp(prefix="sink-ids-")[1])
         self.proc = subprocess.Popen(
-            [PY, "-m", "tests.support.smtp", "--port", str(self.port), "--ids-file", str(self.ids_file)],
+            [PY, "-m", "bench.sink", "--port", str(self.port), "--ids-file", str(self.ids_file)],
             cwd=ROOT, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
         )  # fmt: skip
         assert self.proc.stdout.readline().strip() == "ready"
@@ -79,15 +79,15 @@ def configure(port):
 
 
 def build_message(notification_id):
-    """The message the email adapter builds, for the raw ceiling."""
-    message = EmailMessage(policy=SMTP_POLICY)
-    message["From"] = "outbox@bench.invalid"
-    message["To"] = ", ".join(RECIPIENTS)
-    message["Subject"] = "Pump 3 tripped"
-    message["Message-ID"] = f"<{notification_id}@bench.invalid>"
-    message["X-Notification-Id"] = notification_id
-    message.set_content("Pump 3 tripped on overcurrent at 10:00; operator attention required.")
-    return message.as_bytes()
+    """The message the email adapter builds (same composer), for the raw ceiling."""
+    from notifications.adapters.email import compose_message
+
+    return compose_message(
+        from_address="outbox@bench.invalid", to=RECIPIENTS, subject="Pump 3 tripped",
+        body="Pump 3 tripped on overcurrent at 10:00; operator attention required.",
+        message_id=f"<{notification_id}@bench.invalid>", notification_id=notification_id,
+        date=format_datetime(datetime.now(timezone.utc)),
+    )  # fmt: skip
 
 
 def raw_ceiling(count, concurrency):

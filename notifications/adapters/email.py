@@ -9,13 +9,13 @@ uses it for one message and gives it back, so a batch of 200 costs ``concurrency
 handshakes, not 200. Every network call has the configured timeout.
 """
 
+import base64
 import smtplib
 import socket
 import ssl
 import threading
 import time
-from email.message import EmailMessage
-from email.policy import SMTP as SMTP_POLICY
+from email.header import Header
 from email.utils import format_datetime
 from functools import cache
 
@@ -26,6 +26,36 @@ from notifications.adapters.base import Adapter, DeliveryError, DeliveryResult, 
 from notifications.models import NotificationList, SmtpConfiguration
 
 UNSAFE_HEADER_CHARACTERS = ("\r", "\n", "\x00")
+MAX_LINE_BYTES = 998  # RFC 5322 §2.1.1
+
+
+def compose_message(*, from_address, to, subject, body, message_id, notification_id, date):
+    """The RFC 5322 message as bytes (CRLF line ends; smtplib dot-stuffs it).
+
+    Composed directly rather than with email.message.EmailMessage, whose header folding
+    costs over a millisecond per message — most of a dispatcher's CPU at high rates. Header
+    values were checked for CR/LF/NUL by the caller; a non-ASCII subject is RFC 2047-encoded;
+    the body is sent as 7bit when it is ASCII with short lines, else base64 of its UTF-8.
+    """
+    encoded_subject = subject if subject.isascii() else Header(subject, "utf-8").encode(linesep="\r\n")
+    lines = body.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if body.isascii() and all(len(line) <= MAX_LINE_BYTES for line in lines):
+        encoding, payload = "7bit", "\r\n".join(lines).encode("ascii")
+    else:
+        encoding, payload = "base64", base64.encodebytes(body.encode("utf-8")).replace(b"\n", b"\r\n")
+    recipients = ",\r\n ".join(to)  # folded: a long list must not exceed the line limit
+    headers = (
+        f"From: {from_address}\r\n"
+        f"To: {recipients}\r\n"
+        f"Subject: {encoded_subject}\r\n"
+        f"Date: {date}\r\n"
+        f"Message-ID: {message_id}\r\n"
+        f"X-Notification-Id: {notification_id}\r\n"
+        "MIME-Version: 1.0\r\n"
+        'Content-Type: text/plain; charset="utf-8"\r\n'
+        f"Content-Transfer-Encoding: {encoding}\r\n\r\n"
+    )
+    return headers.encode("ascii") + payload + (b"" if payload.endswith(b"\r\n") else b"\r\n")
 
 
 class EmailAdapter(Adapter):
@@ -157,17 +187,17 @@ class EmailSession(Session):
                 # or recipients. Never fixed by retrying.
                 raise DeliveryError(f"Refused to send: the {name} contains a line break or NUL "
                                     "(header injection).", permanent=True)  # fmt: skip
-        message = EmailMessage(policy=SMTP_POLICY)
-        message["From"] = self.from_address
-        message["To"] = ", ".join(targets)
-        message["Subject"] = notification.subject
-        message["Date"] = format_datetime(timezone.now())
         domain = self.from_address.rpartition("@")[2] or "outbox"
-        # The same Message-ID on every attempt lets a receiver drop a duplicate delivery.
-        message["Message-ID"] = f"<{notification.notification_id}@{domain}>"
-        message["X-Notification-Id"] = str(notification.notification_id)
-        message.set_content(notification.body)
-        return message.as_bytes()
+        return compose_message(
+            from_address=self.from_address,
+            to=targets,
+            subject=notification.subject,
+            body=notification.body,
+            # The same Message-ID on every attempt lets a receiver drop a duplicate delivery.
+            message_id=f"<{notification.notification_id}@{domain}>",
+            notification_id=str(notification.notification_id),
+            date=format_datetime(timezone.now()),
+        )
 
     def _transaction(self, smtp, message, targets):
         """One SMTP transaction to every target; a DeliveryResult, or raises."""
