@@ -397,29 +397,8 @@ class NotificationAdmin(admin.ModelAdmin):
             },
         ),
     )
-    readonly_fields = (
-        "notification_id",
-        "status_badge",
-        "stuck_badge",
-        "type",
-        "list_name",
-        "subject",
-        "body",
-        "retry_count",
-        "last_error",
-        "resolved_targets_display",
-        "type_data_display",
-        "last_attempt_at",
-        "next_attempt_at",
-        "delivered_at",
-        "claim_display",
-        "source_site_display",
-        "source_instance_id",
-        "source_script",
-        "site_enqueued_at",
-        "created_at",
-        "fingerprint",
-    )
+    # Every field shown is read-only: the row is the audit record.
+    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     class Media:
         css = {"all": ["notifications/admin.css"]}
