@@ -51,17 +51,15 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-if $PY manage.py help smtp_catcher >/dev/null 2>&1; then
-  echo "==> Starting the SMTP catcher on 127.0.0.1:$SMTP_PORT (messages saved in var/mail/)"
-  $PY manage.py smtp_catcher --host 127.0.0.1 --port "$SMTP_PORT" --maildir var/mail > var/log/smtp.log 2>&1 &
-  pids+=($!)
-fi
-if $PY manage.py help setup_schedules >/dev/null 2>&1; then
-  $PY manage.py setup_schedules
-  echo "==> Starting the worker (django-q2 qcluster; log in var/log/worker.log)"
-  $PY manage.py qcluster > var/log/worker.log 2>&1 &
-  pids+=($!)
-fi
+echo "==> Starting the SMTP catcher on 127.0.0.1:$SMTP_PORT (messages saved in var/mail/)"
+$PY manage.py smtp_catcher --host 127.0.0.1 --port "$SMTP_PORT" --maildir var/mail > var/log/smtp.log 2>&1 &
+pids+=($!)
+
+echo "==> Registering the schedules (dispatch sweep every minute, daily purge)"
+$PY manage.py setup_schedules
+echo "==> Starting the worker (django-q2 qcluster; log in var/log/worker.log)"
+$PY manage.py qcluster > var/log/worker.log 2>&1 &
+pids+=($!)
 
 echo "==> Starting the web server on http://$HOST:$PORT (log in var/log/web.log)"
 $PY -m gunicorn outbox_project.wsgi:application --bind "$HOST:$PORT" --workers 2 \
@@ -89,7 +87,7 @@ Send a first notification (site demo-site, list Operators):
     -H "Authorization: Api-Key $KEY" -H "Content-Type: application/json" \\
     -d '{"notification_id": "$ID", "list_name": "Operators", "subject": "Pump 3 tripped", "body": "Overcurrent at 10:00"}'
 
-Then ask for its status:
+Within a second or two the email is in var/mail/ and its status is Delivered:
 
   curl -sS http://$HOST:$PORT/api/v1/notifications/$ID/ -H "Authorization: Api-Key $KEY"
 
