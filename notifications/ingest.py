@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import timezone as dt_timezone
-from functools import cached_property
+from functools import cache, cached_property
 from types import SimpleNamespace
 
 from django.db import connection, transaction
@@ -325,35 +325,24 @@ def _insert_ignoring_conflicts(rows):
     whose clock is off never schedules a row into the future or past.
     """
     if not rows:
-        return set()
+        return {}
     meta = Notification._meta
     fields = meta.concrete_fields
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    table, pk = quote(meta.db_table), quote(meta.pk.column)
     defaults = {f.attname: f.get_default() for f in fields if f.attname not in rows[0]}
     if connection.vendor == "postgresql":
         # The whole chunk travels as one JSON document expanded by jsonb_to_recordset:
         # binding 20 values per row as separate parameters costs more than the insert itself.
-        definitions = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
         document = [
             {f.column: _json_value(row.get(f.attname, defaults.get(f.attname))) for f in fields} for row in rows
         ]
-        database_clock = {
-            "created_at": "statement_timestamp()",
-            "next_attempt_at": "statement_timestamp()",
-            "site_enqueued_at": f"COALESCE(r.{quote('site_enqueued_at')}, statement_timestamp())",
-        }
-        selects = ", ".join(database_clock.get(f.column, f"r.{quote(f.column)}") for f in fields)
-        sql = (
-            f"INSERT INTO {table} ({columns}) SELECT {selects} "
-            f"FROM jsonb_to_recordset(%s::jsonb) AS r({definitions}) "
-            f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}, {quote('created_at')}"
-        )
+        sql = _postgresql_insert_sql()
         params = [json.dumps(document, ensure_ascii=False)]
     else:
         # SQLite is embedded: the web process and the database share one clock.
         now = timezone.now()
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(f.column) for f in fields)
+        table, pk = quote(meta.db_table), quote(meta.pk.column)
         one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
         sql = (
             f"INSERT INTO {table} ({columns}) VALUES {', '.join([one_row] * len(rows))} "
@@ -373,6 +362,29 @@ def _insert_ignoring_conflicts(rows):
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return {value: created_at for value, created_at in cursor.fetchall()}
+
+
+@cache
+def _postgresql_insert_sql():
+    """The INSERT … SELECT FROM jsonb_to_recordset statement; built once (db_type() per field
+    per request cost more than the rest of the Python side of an ingest)."""
+    meta = Notification._meta
+    fields = meta.concrete_fields
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    table, pk = quote(meta.db_table), quote(meta.pk.column)
+    definitions = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
+    database_clock = {
+        "created_at": "statement_timestamp()",
+        "next_attempt_at": "statement_timestamp()",
+        "site_enqueued_at": f"COALESCE(r.{quote('site_enqueued_at')}, statement_timestamp())",
+    }
+    selects = ", ".join(database_clock.get(f.column, f"r.{quote(f.column)}") for f in fields)
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT {selects} "
+        f"FROM jsonb_to_recordset(%s::jsonb) AS r({definitions}) "
+        f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}, {quote('created_at')}"
+    )
 
 
 def _json_value(value):
