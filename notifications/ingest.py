@@ -10,12 +10,14 @@ import hashlib
 import json
 import math
 import uuid
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import timezone as dt_timezone
-from functools import cache, cached_property
+from functools import cache
 from types import SimpleNamespace
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -38,6 +40,13 @@ ACCEPTED_FIELDS = frozenset(
      "source_instance_id", "source_script", "site_enqueued_at", "source_site_id"}
 )  # fmt: skip
 INSERT_CHUNK = 500
+# What a new row starts with, as SQL (PostgreSQL insert); the same values as _row_for().
+NEW_ROW_SQL = {
+    "status": "'Pending'", "retry_count": "0", "last_error": "''", "resolved_targets": "'[]'::jsonb",
+    "claimed_by": "''", "claimed_until": "NULL", "last_attempt_at": "NULL", "delivered_at": "NULL",
+}  # fmt: skip
+DOCUMENT_TEXT_COLUMNS = ("type", "list_name", "subject", "body", "source_site_id", "source_instance_id",
+                         "source_script", "fingerprint")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,21 +63,19 @@ class NotificationInput:
     source_script: str
     site_enqueued_at: datetime | None  # None: the site did not say; central uses "now"
     source_site_id: str | None
+    fingerprint: str = dataclasses.field(init=False)
 
-    @cached_property
-    def fingerprint(self):
-        """sha256 of the content; two submissions with one id must agree on it.
-
-        Fields are joined with NUL, which validation keeps out of every field, so two
-        different submissions cannot produce the same joined text.
-        """
+    def __post_init__(self):
+        """The fingerprint is the sha256 of the content; two submissions with one id must
+        agree on it. Fields are joined with NUL, which validation keeps out of every field,
+        so two different submissions cannot produce the same joined text."""
         parts = (
             self.type, self.list_name, self.subject, self.body,
             json.dumps(self.type_data, sort_keys=True, separators=(",", ":")) if self.type_data else "{}",
             self.source_instance_id, self.source_script,
             self.site_enqueued_at.isoformat() if self.site_enqueued_at else "",
         )  # fmt: skip
-        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+        object.__setattr__(self, "fingerprint", hashlib.sha256("\x00".join(parts).encode()).hexdigest())
 
 
 @dataclass(frozen=True)
@@ -328,12 +335,17 @@ def _insert_ignoring_conflicts(rows):
         return {}
     meta = Notification._meta
     fields = meta.concrete_fields
-    defaults = {f.attname: f.get_default() for f in fields if f.attname not in rows[0]}
     if connection.vendor == "postgresql":
         # The whole chunk travels as one JSON document expanded by jsonb_to_recordset:
         # binding 20 values per row as separate parameters costs more than the insert itself.
         document = [
-            {f.column: _json_value(row.get(f.attname, defaults.get(f.attname))) for f in fields} for row in rows
+            {
+                **{name: row[name] for name in DOCUMENT_TEXT_COLUMNS},
+                "notification_id": str(row["notification_id"]),
+                "type_data": row["type_data"],
+                "site_enqueued_at": row["site_enqueued_at"].isoformat() if row["site_enqueued_at"] else None,
+            }
+            for row in rows
         ]
         sql = _postgresql_insert_sql()
         params = [json.dumps(document, ensure_ascii=False)]
@@ -349,6 +361,7 @@ def _insert_ignoring_conflicts(rows):
             f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}"
         )
         clock = {"created_at": now, "next_attempt_at": now}
+        defaults = {f.attname: f.get_default() for f in fields if f.attname not in rows[0]}
         params = []
         for row in rows:
             values = dict(row, **clock, site_enqueued_at=row["site_enqueued_at"] or now)
@@ -373,26 +386,23 @@ def _postgresql_insert_sql():
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f.column) for f in fields)
     table, pk = quote(meta.db_table), quote(meta.pk.column)
-    definitions = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
-    database_clock = {
+    from_document = {"notification_id", "type_data", "site_enqueued_at", *DOCUMENT_TEXT_COLUMNS}
+    definitions = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields if f.column in from_document)
+    computed = {
         "created_at": "statement_timestamp()",
         "next_attempt_at": "statement_timestamp()",
         "site_enqueued_at": f"COALESCE(r.{quote('site_enqueued_at')}, statement_timestamp())",
+        **NEW_ROW_SQL,
     }
-    selects = ", ".join(database_clock.get(f.column, f"r.{quote(f.column)}") for f in fields)
+    missing = [f.column for f in fields if f.column not in computed and f.column not in from_document]
+    if missing:
+        raise ImproperlyConfigured(f"ingest does not know how to fill new Notification columns: {missing}")
+    selects = ", ".join(computed.get(f.column, f"r.{quote(f.column)}") for f in fields)
     return (
         f"INSERT INTO {table} ({columns}) SELECT {selects} "
         f"FROM jsonb_to_recordset(%s::jsonb) AS r({definitions}) "
         f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}, {quote('created_at')}"
     )
-
-
-def _json_value(value):
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
 
 
 def _iso(value):
