@@ -194,9 +194,11 @@ def command_forward(args):
         received = []
 
         def request_stop(signum, frame):
-            # Only set the event: printing here could re-enter a print the signal interrupted.
+            # No printing here (it could re-enter a print the signal interrupted), and the event
+            # is set from another thread: the handler may run while this thread holds the
+            # event's lock inside Event.wait(), and setting it here would deadlock.
             received.append(signal.Signals(signum).name)
-            stop.set()
+            threading.Thread(target=stop.set, daemon=True).start()
 
         previous = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGINT)}
         try:

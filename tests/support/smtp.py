@@ -289,7 +289,8 @@ def main(argv=None):
     server = SmtpServer(port=args.port, keep_content=False).start()
     stopped = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopped.set())
+        # Set from another thread: Event.set() inside a handler can deadlock with wait().
+        signal.signal(signum, lambda *_: threading.Thread(target=stopped.set, daemon=True).start())
     print("ready", flush=True)
     stopped.wait()
     server.stop()

@@ -45,6 +45,11 @@ class Command(BaseCommand):
             signal.signal(signum, self.request_stop)
 
     def request_stop(self, signum, frame):
+        # Set from another thread: the handler may interrupt this thread while it holds the
+        # event's lock inside Event.wait(), and setting the event here would deadlock.
+        threading.Thread(target=self._stop_now, daemon=True).start()
+
+    def _stop_now(self):
         self.stderr.write("stopping: finishing deliveries in flight")
         self.stop.set()
 

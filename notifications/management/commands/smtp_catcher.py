@@ -48,7 +48,8 @@ class Command(BaseCommand):
         self.stdout.write(f"SMTP catcher listening on {host}:{port}; saving messages in {directory}/")
         stopped = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stopped.set())
+            # Set from another thread: Event.set() inside a handler can deadlock with a wait().
+            signal.signal(signum, lambda *_: threading.Thread(target=stopped.set, daemon=True).start())
         stopped.wait()
         controller.stop()
         self.stdout.write("SMTP catcher stopped")
