@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Gunicorn, check, fresh_database, manage, write_results  # noqa: E402
+from bench.common import Gunicorn, check, demo_database, manage, write_results  # noqa: E402
 from sites.agent import bench as agent_bench  # noqa: E402
 
 
@@ -19,10 +19,7 @@ def main():
     parser.add_argument("--count", type=int, default=10_000)
     args = parser.parse_args()
 
-    print("Preparing a fresh PostgreSQL database and gunicorn …", flush=True)
-    url = fresh_database("agent")
-    manage("outbox_config", "import", "demo/config.json", database_url=url, capture=True)
-    key = manage("create_site_key", "demo-site", database_url=url, capture=True).strip().splitlines()[-1]
+    url, key = demo_database("agent")
     with Gunicorn(url, workers=2, OUTBOX_SITE_RATE_LIMIT="1000000") as server:
         report = agent_bench.run(
             central_url=server.url, key=key, count=args.count, batch_size=500,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Gunicorn, check, fresh_database, manage, percentile, write_results  # noqa: E402
+from bench.common import Gunicorn, check, demo_database, percentile, write_results  # noqa: E402
 
 
 def payload():
@@ -95,10 +95,7 @@ def main():
     parser.add_argument("--workers", type=int, default=3)
     args = parser.parse_args()
 
-    print("Preparing a fresh PostgreSQL database …", flush=True)
-    url = fresh_database("ingest")
-    manage("outbox_config", "import", "demo/config.json", database_url=url, capture=True)
-    key = manage("create_site_key", "demo-site", database_url=url, capture=True).strip().splitlines()[-1]
+    url, key = demo_database("ingest")
 
     raw_rounds, single_rounds, batch_rounds = [], [], []
     with Gunicorn(url, workers=args.workers, OUTBOX_BENCH_RAW_VIEW="true",

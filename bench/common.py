@@ -57,6 +57,15 @@ def fresh_database(suffix):
     return url
 
 
+def demo_database(suffix):
+    """A fresh database with the demo configuration; returns ``(DATABASE_URL, demo-site key)``."""
+    print("Preparing a fresh PostgreSQL database with the demo configuration …", flush=True)
+    url = fresh_database(suffix)
+    manage("outbox_config", "import", "demo/config.json", database_url=url, capture=True)
+    key = manage("create_site_key", "demo-site", database_url=url, capture=True).strip().splitlines()[-1]
+    return url, key
+
+
 def bench_env(database_url, **extra):
     env = dict(os.environ, DATABASE_URL=database_url, DJANGO_SETTINGS_MODULE="outbox_project.settings",
                LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT))  # fmt: skip
