@@ -5,11 +5,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test bench bench-ingest bench-dispatch bench-console bench-agent chaos chaos-short check clean
+.PHONY: help install run test test-pg bench bench-ingest bench-dispatch bench-console bench-agent chaos chaos-short check clean \
+        agent-dist test-agent-pythons
 
 help:
 	@echo "make run    - install into .venv, migrate SQLite, load the demo, start web + worker + SMTP catcher"
 	@echo "make test   - install and run the whole test suite (DATABASE_URL=postgres://… for PostgreSQL)"
+	@echo "make test-pg - the whole suite on a fresh PostgreSQL database, dropped afterwards"
 	@echo "make bench  - run every benchmark on PostgreSQL and print one summary table"
 	@echo "make chaos  - fault-injection suite on PostgreSQL (needs root for the PostgreSQL restart)"
 
@@ -28,7 +30,25 @@ test: $(STAMP)
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The whole suite on a fresh PostgreSQL database (TEST_PG_SERVER, trust or password in the URL),
+# dropped afterwards whether the suite passes or not. TEST_PG_DB names it (default: unique).
+TEST_PG_SERVER ?= postgres://postgres@127.0.0.1:5432
+TEST_PG_DB     ?= outbox_testpg_$(shell date +%s)_$(shell echo $$$$)
+PG_ADMIN = $(PY) -c "import sys, psycopg; from psycopg import sql; \
+	psycopg.connect(sys.argv[1], autocommit=True).execute(sql.SQL(sys.argv[2]).format(sql.Identifier(sys.argv[3])))"
+test-pg: $(STAMP)
+	@echo "creating PostgreSQL database $(TEST_PG_DB)"
+	@$(PG_ADMIN) "$(TEST_PG_SERVER)/postgres" "CREATE DATABASE {}" "$(TEST_PG_DB)"
+	@trap 'echo "dropping PostgreSQL database $(TEST_PG_DB)"; \
+		$(PG_ADMIN) "$(TEST_PG_SERVER)/postgres" "DROP DATABASE IF EXISTS {} WITH (FORCE)" "test_$(TEST_PG_DB)"; \
+		$(PG_ADMIN) "$(TEST_PG_SERVER)/postgres" "DROP DATABASE IF EXISTS {} WITH (FORCE)" "$(TEST_PG_DB)"' EXIT; \
+	trap 'exit 130' INT TERM; \
+	DATABASE_URL="$(TEST_PG_SERVER)/$(TEST_PG_DB)" $(MAKE) --no-print-directory test
+
 check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
 
@@ -60,5 +80,14 @@ bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-console
 	$(PY) bench/summary.py
 
+# The site agent: one-file zipapp and wheel in dist/ (standard library only, no venv needed).
+agent-dist:
+	$(PYTHON) scripts/agent_dist.py --out dist
+
+# The agent's unit tests under every python3.8 … python3.13 found (absent ones are skipped with
+# a note), each in a bare venv with only pytest + cryptography, plus the pre-3.35 SQLite path.
+test-agent-pythons: $(STAMP)
+	$(PY) tests/agent/pythons.py
+
 clean:
-	rm -rf var/test_outbox.sqlite3* .pytest_cache bench-results test-artifacts
+	rm -rf .pytest_cache bench-results test-artifacts dist

@@ -5,7 +5,7 @@ ceiling measured in the same run: the same row inserted by a bare Django view wi
 and no validation (notifications.views.bench_raw_insert). Phases alternate raw/single so
 that machine noise hits both alike; the best round of each is compared.
 
-Usage: python bench/bench_ingest.py [--seconds 5] [--clients 4] [--rounds 2]
+Usage: python bench/bench_ingest.py [--seconds 5] [--clients 4] [--rounds 2] [--worker-class sync]
 """
 
 import argparse
@@ -15,14 +15,17 @@ import multiprocessing
 import sys
 import time
 import uuid
+from multiprocessing.pool import Pool
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Gunicorn, check, demo_database, percentile, write_results  # noqa: E402
+from bench.common import check, demo_database, percentile, write_results
+from tests.support.processes import Central
 
 
-def payload():
+def payload() -> dict[str, Any]:
     """One notification; bodies are built from a serialized template so the client spends
     its CPU on sending, not on encoding."""
     return {
@@ -38,7 +41,7 @@ def payload():
     }
 
 
-def client_loop(args):
+def client_loop(args: tuple[int, str, str, float, int]) -> tuple[int, list[float], int]:
     """One client process: POST for `seconds`; returns (count, latencies, errors)."""
     port, path, key, seconds, batch = args
     headers = {"Content-Type": "application/json", "Authorization": f"Api-Key {key}"}
@@ -70,7 +73,9 @@ def client_loop(args):
     return count, latencies, errors
 
 
-def run_phase(pool, port, path, key, seconds, clients, batch=0):
+def run_phase(
+    pool: Pool, port: int, path: str, key: str, seconds: float, clients: int, batch: int = 0
+) -> dict[str, Any]:
     started = time.perf_counter()
     results = pool.map(client_loop, [(port, path, key, seconds, batch)] * clients)
     elapsed = time.perf_counter() - started
@@ -86,21 +91,36 @@ def run_phase(pool, port, path, key, seconds, clients, batch=0):
     }
 
 
-def main():
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument(
+        "--worker-class", help="compare another gunicorn worker class (e.g. sync) with gunicorn.conf.py's default"
+    )
     args = parser.parse_args()
+    options = []
+    if args.worker_class:
+        options += ["--worker-class", args.worker_class]
+        if args.worker_class != "asgi":
+            options.append("outbox_project.wsgi:application")  # the WSGI workers need the WSGI entry point
 
     url, key = demo_database("ingest")
 
     raw_rounds, single_rounds, batch_rounds = [], [], []
-    with Gunicorn(url, workers=args.workers, OUTBOX_BENCH_RAW_VIEW="true",
-                  OUTBOX_SITE_RATE_LIMIT="1000000") as server, \
-            multiprocessing.Pool(args.clients) as pool:  # fmt: skip
+    with (
+        Central(
+            database=url,
+            workers=args.workers,
+            options=options,
+            OUTBOX_BENCH_RAW_VIEW="true",
+            OUTBOX_SITE_RATE_LIMIT=1_000_000,
+        ) as server,
+        multiprocessing.Pool(args.clients) as pool,
+    ):
         run_phase(pool, server.port, "/bench/raw-insert/", key, 1.0, args.clients)  # warm-up
         run_phase(pool, server.port, "/api/v1/notifications/", key, 1.0, args.clients)
         for round_number in range(1, args.rounds + 1):
@@ -108,15 +128,28 @@ def main():
             single = run_phase(pool, server.port, "/api/v1/notifications/", key, args.seconds, args.clients)
             raw_rounds.append(raw)
             single_rounds.append(single)
-            print(f"round {round_number}: raw {raw['per_second']:.0f} req/s, "
-                  f"single {single['per_second']:.0f} req/s (p50 {single['p50_ms']:.1f} ms, "
-                  f"p99 {single['p99_ms']:.1f} ms)", flush=True)  # fmt: skip
+            print(
+                f"round {round_number}: raw {raw['per_second']:.0f} req/s, "
+                f"single {single['per_second']:.0f} req/s (p50 {single['p50_ms']:.1f} ms, "
+                f"p99 {single['p99_ms']:.1f} ms)",
+                flush=True,
+            )
         for round_number in range(1, args.rounds + 1):
-            batch = run_phase(pool, server.port, "/api/v1/notifications/batch/", key, args.seconds,
-                              max(2, args.clients // 2), batch=args.batch_size)  # fmt: skip
+            batch = run_phase(
+                pool,
+                server.port,
+                "/api/v1/notifications/batch/",
+                key,
+                args.seconds,
+                max(2, args.clients // 2),
+                batch=args.batch_size,
+            )
             batch_rounds.append(batch)
-            print(f"round {round_number}: batch {batch['per_second']:.0f} notifications/s "
-                  f"(p50 {batch['p50_ms']:.0f} ms per batch of {args.batch_size})", flush=True)  # fmt: skip
+            print(
+                f"round {round_number}: batch {batch['per_second']:.0f} notifications/s "
+                f"(p50 {batch['p50_ms']:.0f} ms per batch of {args.batch_size})",
+                flush=True,
+            )
 
     raw = max(raw_rounds, key=lambda r: r["per_second"])
     single = max(single_rounds, key=lambda r: r["per_second"])
@@ -128,12 +161,28 @@ def main():
         check("ingest: single post throughput", single["per_second"], "req/s", ">= 0.8 x ceiling", ratio >= 0.8, ratio),
         check("ingest: single post p50 latency", single["p50_ms"], "ms", "(reported)", True),
         check("ingest: single post p99 latency", single["p99_ms"], "ms", "(reported)", True),
-        check("ingest: batch throughput", batch["per_second"], "notif/s", ">= 10000", batch["per_second"] >= 10_000,
-              batch["per_second"] / 10_000),
+        check(
+            "ingest: batch throughput",
+            batch["per_second"],
+            "notif/s",
+            ">= 10000",
+            batch["per_second"] >= 10_000,
+            batch["per_second"] / 10_000,
+        ),
         check("ingest: failed requests", errors, "count", "== 0", errors == 0),
-    ]  # fmt: skip
-    write_results("ingest", checks, {"raw": raw_rounds, "single": single_rounds, "batch": batch_rounds,
-                                     "clients": args.clients, "workers": args.workers})  # fmt: skip
+    ]
+    write_results(
+        "ingest",
+        checks,
+        {
+            "raw": raw_rounds,
+            "single": single_rounds,
+            "batch": batch_rounds,
+            "clients": args.clients,
+            "workers": args.workers,
+            "worker_class": args.worker_class or "gunicorn.conf.py",
+        },
+    )
     return 0 if all(c["ok"] for c in checks) else 1
 
 

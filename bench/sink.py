@@ -5,6 +5,10 @@ is asked to reach; this sink speaks just enough SMTP (EHLO/HELO, MAIL, RCPT, DAT
 NOOP, QUIT) for smtplib, so a benchmark measures the sender, not the sink.
 
     python -m bench.sink --port 2526 --ids-file ids.txt   # prints "ready"; ids written on SIGTERM
+
+With ``--fail-first`` the first DATA of every X-Notification-Id is answered
+``451 4.3.0 try again later`` (a transient failure the dispatcher retries); later ones are
+accepted. Only accepted messages are written to the ids file.
 """
 
 import argparse
@@ -12,41 +16,54 @@ import asyncio
 import re
 import signal
 from collections import Counter
+from typing import cast
 
 ID_HEADER = re.compile(rb"^X-Notification-Id:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 
 
 class SinkProtocol(asyncio.Protocol):
-    def __init__(self, counts):
+    def __init__(self, counts: Counter[str | None], deferred: set[str | None] | None = None) -> None:
         self.counts = counts
+        self.deferred = deferred  # ids already answered 451 once (--fail-first), else None
         self.buffer = b""
         self.in_data = False
-        self.message = []
+        self.scanned = 0  # in DATA: how much of the buffer is known not to hold the end marker
 
-    def connection_made(self, transport):
-        self.transport = transport
-        transport.write(b"220 sink ESMTP\r\n")
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # create_server hands stream transports
+        self.transport.write(b"220 sink ESMTP\r\n")
 
-    def data_received(self, data):
+    def data_received(self, data: bytes) -> None:
         self.buffer += data
         replies = []
         while True:
+            if self.in_data:
+                # The message ends at a line holding a single dot. Searched for as a whole, not
+                # line by line: a message with a 100 KB attachment has thousands of lines.
+                if self.buffer.startswith(b".\r\n"):
+                    end, content = 0, b""
+                else:
+                    end = self.buffer.find(b"\r\n.\r\n", max(0, self.scanned - 4))
+                    if end < 0:
+                        self.scanned = len(self.buffer)
+                        break
+                    content, end = self.buffer[:end], end + 2
+                self.buffer = self.buffer[end + 3 :]
+                self.in_data, self.scanned = False, 0
+                header_end = content.find(b"\r\n\r\n")
+                match = ID_HEADER.search(content, 0, header_end if header_end >= 0 else len(content))
+                notification_id = match.group(1).decode() if match else None
+                if self.deferred is not None and notification_id not in self.deferred:
+                    self.deferred.add(notification_id)
+                    replies.append(b"451 4.3.0 try again later")
+                else:
+                    self.counts[notification_id] += 1
+                    replies.append(b"250 2.0.0 queued")
+                continue
             end = self.buffer.find(b"\r\n")
             if end < 0:
                 break
             line, self.buffer = self.buffer[:end], self.buffer[end + 2 :]
-            if self.in_data:
-                if line == b".":
-                    self.in_data = False
-                    content = b"\r\n".join(self.message)
-                    header_end = content.find(b"\r\n\r\n")
-                    match = ID_HEADER.search(content, 0, header_end if header_end >= 0 else len(content))
-                    self.counts[match.group(1).decode() if match else None] += 1
-                    self.message = []
-                    replies.append(b"250 2.0.0 queued")
-                else:
-                    self.message.append(line)
-                continue
             verb = line[:4].upper()
             if verb == b"EHLO":
                 replies.append(b"250-sink\r\n250-PIPELINING\r\n250 8BITMIME")
@@ -56,7 +73,7 @@ class SinkProtocol(asyncio.Protocol):
                 self.in_data = True
                 replies.append(b"354 end with .")
             elif verb == b"QUIT":
-                self.transport.write(b"\r\n".join(replies + [b"221 bye"]) + b"\r\n")
+                self.transport.write(b"\r\n".join([*replies, b"221 bye"]) + b"\r\n")
                 self.transport.close()
                 return
             else:
@@ -65,10 +82,11 @@ class SinkProtocol(asyncio.Protocol):
             self.transport.write(b"\r\n".join(replies) + b"\r\n")
 
 
-async def serve(port, ids_file):
-    counts = Counter()
+async def serve(port: int, ids_file: str, *, fail_first: bool = False) -> None:
+    counts: Counter[str | None] = Counter()
+    deferred: set[str | None] | None = set() if fail_first else None
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: SinkProtocol(counts), "127.0.0.1", port, backlog=512)
+    server = await loop.create_server(lambda: SinkProtocol(counts, deferred), "127.0.0.1", port, backlog=512)
     stopped = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopped.set)
@@ -80,12 +98,13 @@ async def serve(port, ids_file):
             out.write(f"{notification_id}\n" * count)
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ids-file", required=True)
+    parser.add_argument("--fail-first", action="store_true", help="defer the first try of every message (451)")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.ids_file))
+    asyncio.run(serve(args.port, args.ids_file, fail_first=args.fail_first))
 
 
 if __name__ == "__main__":

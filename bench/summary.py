@@ -3,12 +3,13 @@
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench-results"
 
 
-def main():
-    rows = []
+def main() -> int:
+    rows: list[dict[str, Any]] = []
     for path in sorted(RESULTS.glob("*.json")):
         if path.name == "summary.json":
             continue
@@ -21,8 +22,10 @@ def main():
     print("-" * 105)
     for row in rows:
         ratio = "" if row.get("ratio") is None else f"{row['ratio']:.2f}"
-        print(f"{row['figure']:50} {row['value']:>12,.2f} {row['unit']:10} {row['target']:>18} {ratio:>7}  "
-              f"{'yes' if row['ok'] else 'NO'}")  # fmt: skip
+        print(
+            f"{row['figure']:50} {row['value']:>12,.2f} {row['unit']:10} {row['target']:>18} {ratio:>7}  "
+            f"{'yes' if row['ok'] else 'NO'}"
+        )
     failed = [row for row in rows if not row["ok"]]
     (RESULTS / "summary.json").write_text(json.dumps({"checks": rows, "failed": len(failed)}, indent=2))
     print(f"\n{len(rows) - len(failed)} of {len(rows)} checks met; wrote bench-results/summary.json")

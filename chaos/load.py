@@ -11,10 +11,13 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from typing import Any, Self
 from urllib.parse import urlparse
 
 
-def notification(notification_id, *, list_name="Operators", subject=None):
+def notification(notification_id: str, *, list_name: str = "Operators", subject: str | None = None) -> dict[str, Any]:
+    """A valid notification payload with this id."""
     return {
         "notification_id": notification_id,
         "list_name": list_name,
@@ -29,13 +32,13 @@ def notification(notification_id, *, list_name="Operators", subject=None):
 class Ledger:
     """What the client knows about each id: the payload sent and the last outcome."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.payloads = {}
-        self.outcomes = {}
-        self.attempts = Counter()
+        self.payloads: dict[str, dict[str, Any]] = {}
+        self.outcomes: dict[str, str] = {}
+        self.attempts: Counter[str] = Counter()
 
-    def record(self, payload, outcome):
+    def record(self, payload: dict[str, Any], outcome: str) -> None:
         with self.lock:
             nid = payload["notification_id"]
             self.payloads[nid] = payload
@@ -44,11 +47,11 @@ class Ledger:
             if self.outcomes.get(nid) != "ack":
                 self.outcomes[nid] = outcome
 
-    def ids(self, outcome):
+    def ids(self, outcome: str) -> list[str]:
         with self.lock:
             return [nid for nid, value in self.outcomes.items() if value == outcome]
 
-    def counts(self):
+    def counts(self) -> Counter[str]:
         with self.lock:
             return Counter(self.outcomes.values())
 
@@ -56,14 +59,15 @@ class Ledger:
 class Client:
     """One keep-alive connection posting notifications; classifies each answer."""
 
-    def __init__(self, base_url, key, timeout=5.0):
+    def __init__(self, base_url: str, key: str, timeout: float = 5.0) -> None:
         parsed = urlparse(base_url)
-        self.host, self.port = parsed.hostname, parsed.port
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port
         self.headers = {"Content-Type": "application/json", "Authorization": f"Api-Key {key}"}
         self.timeout = timeout
-        self.conn = None
+        self.conn: http.client.HTTPConnection | None = None
 
-    def post(self, payload):
+    def post(self, payload: dict[str, Any]) -> str:
+        """Post one notification; ``ack``, ``reject`` or ``indeterminate``."""
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
@@ -80,7 +84,7 @@ class Client:
             return "indeterminate"
         return "reject"
 
-    def close(self):
+    def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
 
@@ -89,23 +93,34 @@ class LoadGenerator:
     """Posts new notifications from ``threads`` threads at about ``rate`` per second in total,
     for ``duration`` seconds at most and ``limit`` notifications at most. Bounded by both."""
 
-    def __init__(self, base_url, key, ledger, *, rate=100, duration=10, limit=2000, threads=4, make=notification):
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        ledger: Ledger,
+        *,
+        rate: float = 100,
+        duration: float = 10,
+        limit: int = 2000,
+        threads: int = 4,
+        make: Callable[[str], dict[str, Any]] = notification,
+    ) -> None:
         self.base_url, self.key, self.ledger = base_url, key, ledger
         self.rate, self.duration, self.limit, self.threads = rate, duration, limit, threads
         self.make = make
         self.sent = 0
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
-        self.workers = []
+        self.workers: list[threading.Thread] = []
 
-    def _take(self):
+    def _take(self) -> bool:
         with self.lock:
             if self.sent >= self.limit:
                 return False
             self.sent += 1
             return True
 
-    def _run(self):
+    def _run(self) -> None:
         client = Client(self.base_url, self.key)
         interval = self.threads / self.rate
         deadline = time.monotonic() + self.duration
@@ -119,22 +134,22 @@ class LoadGenerator:
                 self.stop_event.wait(delay)
         client.close()
 
-    def start(self):
+    def start(self) -> Self:
         self.workers = [threading.Thread(target=self._run, daemon=True) for _ in range(self.threads)]
         for worker in self.workers:
             worker.start()
         return self
 
-    def join(self):
+    def join(self) -> None:
         for worker in self.workers:
             worker.join()
 
-    def stop(self):
+    def stop(self) -> None:
         self.stop_event.set()
         self.join()
 
 
-def resend_until_acked(base_url, key, ledger, *, deadline_seconds=120):
+def resend_until_acked(base_url: str, key: str, ledger: Ledger, *, deadline_seconds: float = 120) -> list[str]:
     """Re-send every indeterminate id (same payload, same id) until central acknowledges it."""
     client = Client(base_url, key, timeout=10)
     deadline = time.monotonic() + deadline_seconds
@@ -149,12 +164,14 @@ def resend_until_acked(base_url, key, ledger, *, deadline_seconds=120):
     return pending
 
 
-def post_same_ids_concurrently(base_url, key, ledger, *, count=200, threads=8):
+def post_same_ids_concurrently(
+    base_url: str, key: str, ledger: Ledger, *, count: int = 200, threads: int = 8
+) -> list[dict[str, Any]]:
     """Every thread posts the same ``count`` ids at once; each id must end with one row."""
     payloads = [notification(str(uuid.uuid4())) for _ in range(count)]
     barrier = threading.Barrier(threads)
 
-    def run():
+    def run() -> None:
         client = Client(base_url, key)
         barrier.wait()
         for payload in payloads:

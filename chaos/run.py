@@ -13,7 +13,12 @@ lets the dispatchers drain, and reports:
 - parked vs expected.
 
 Required: lost = unexpected = non-terminal = 0 everywhere; duplicates = 0 except where a
-dispatcher is killed, bounded there by the messages in flight at each kill.
+dispatcher is killed or the SMTP server stopped, bounded there by the messages in flight at each
+kill or stop. The resilience scenarios (long outage, authentication failure, throttling relay)
+add checks of their own, stated in their notes.
+
+Time is compressed through short intervals: the email delivery policy retries every second
+and the circuit breaker cools down for 1 s (doubling up to a few seconds) instead of 30 s.
 
 Usage: python chaos/run.py [--short] [--only NAME[,NAME…]] [--list]
 Needs PostgreSQL (CHAOS_DATABASE_URL or BENCH_DATABASE_URL, default
@@ -32,16 +37,24 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import fresh_database  # noqa: E402
+from tests.support.db import fresh_postgres_database  # noqa: E402
 
-os.environ.setdefault("BENCH_DATABASE_URL", os.environ.get("CHAOS_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox"))
-DATABASE_URL = fresh_database("chaos")
+BASE_URL = os.environ.get("CHAOS_DATABASE_URL") or os.environ.get(
+    "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/outbox"
+)
+if not BASE_URL.startswith("postgres"):
+    sys.exit("The chaos suite needs PostgreSQL: set CHAOS_DATABASE_URL=postgres://…")
+DATABASE_URL = fresh_postgres_database(BASE_URL, "chaos")
 os.environ["DATABASE_URL"] = DATABASE_URL
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "outbox_project.settings")
 os.environ.setdefault("LOG_LEVEL", "ERROR")
@@ -54,36 +67,65 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import close_old_connections, connection  # noqa: E402
 
 from chaos.load import Ledger, LoadGenerator, notification, post_same_ids_concurrently, resend_until_acked  # noqa: E402
-from chaos.proxy import TcpProxy  # noqa: E402
-from notifications.models import EmailRecipient, Notification, NotificationList, SmtpConfiguration  # noqa: E402
+from notifications.kpis import kpis_compute  # noqa: E402
+from notifications.models import (  # noqa: E402
+    ChannelHealth,
+    DeliveryAttempt,
+    DeliveryPolicy,
+    EmailRecipient,
+    Notification,
+    NotificationList,
+    SmtpConfiguration,
+)
 from notifications.operations import notification_discard, notification_retry  # noqa: E402
 from sites.agent import SiteOutbox  # noqa: E402
 from sites.models import Site  # noqa: E402
 from sites.services import site_key_issue  # noqa: E402
-from tests.support.processes import Central, child_env, manage, poll, stop  # noqa: E402
+from tests.support.processes import Central, manage, poll, stop  # noqa: E402
+from tests.support.proxy import TcpProxy  # noqa: E402
 from tests.support.smtp import SmtpServer  # noqa: E402
 
 Status = Notification.Status
-DISPATCH_ENV = {
+DISPATCH_ENV: dict[str, Any] = {
     "OUTBOX_DISPATCH_INTERVAL": 0.2,
     "OUTBOX_LEASE_SECONDS": 5,
     "OUTBOX_BATCH_SIZE": 50,
     "OUTBOX_CONCURRENCY": 4,
 }
-WEB_ENV = {"OUTBOX_SITE_RATE_LIMIT": 1_000_000, "OUTBOX_DISPATCH_TRIGGER": "false"}
+WEB_ENV: dict[str, Any] = {"OUTBOX_SITE_RATE_LIMIT": 1_000_000, "OUTBOX_DISPATCH_TRIGGER": "false"}
 DOOMED = "doomed@chaos.invalid"  # the SMTP server refuses this recipient with 550
+# The email policy of every scenario unless it sets its own: time compressed (a retry every
+# second, a breaker that cools down for 1 s and at most 4 s).
+CHAOS_POLICY: dict[str, Any] = {
+    "strategy": "fixed",
+    "interval_seconds": 1,
+    "max_attempts": 100,
+    "breaker_threshold": 5,
+    "breaker_cooldown_seconds": 1,
+    "breaker_max_cooldown_seconds": 4,
+    "rate_per_minute": 0,
+}
 
 
 class World:
     """Everything a scenario needs; scenarios start and stop the pieces they fault."""
 
-    def __init__(self, short):
+    def __init__(self, short: bool) -> None:
         self.short = short
         self.smtp = SmtpServer(keep_content=False).start()
         self.smtp.behave("refuse", refuse={DOOMED})
-        SmtpConfiguration.objects.update_or_create(pk=SmtpConfiguration.SINGLETON_PK, defaults=dict(
-            host="127.0.0.1", port=self.smtp.port, security="none", from_address="outbox@chaos.invalid",
-            timeout_seconds=2, max_retries=100, retry_interval_seconds=1))  # fmt: skip
+        SmtpConfiguration.objects.update_or_create(
+            pk=SmtpConfiguration.SINGLETON_PK,
+            defaults={
+                "host": "127.0.0.1",
+                "port": self.smtp.port,
+                "security": "none",
+                "from_address": "outbox@chaos.invalid",
+                "timeout_seconds": 2,
+                "max_retries": 100,
+                "retry_interval_seconds": 1,
+            },
+        )
         operators = NotificationList.objects.create(name="Operators")
         EmailRecipient.objects.create(notification_list=operators, email="op1@chaos.invalid")
         EmailRecipient.objects.create(notification_list=operators, email="op2@chaos.invalid")
@@ -92,23 +134,38 @@ class World:
         site = Site.objects.create(site_id="chaos-site", name="Chaos")
         self.key = site_key_issue(site=site)[1]
         self.operator = get_user_model().objects.create_user("chaos-operator", is_staff=True)
+        self.policy()
         self.web = Central(workers=2, **WEB_ENV).start()
-        self.dispatchers = []
+        self.dispatchers: list[subprocess.Popen[str]] = []
+
+    def policy(self, **fields: Any) -> None:
+        """Store the email delivery policy: CHAOS_POLICY with ``fields`` over it; the breaker
+        starts closed."""
+        DeliveryPolicy.objects.update_or_create(channel="email", defaults={**CHAOS_POLICY, **fields})
+        ChannelHealth.objects.all().delete()
+
+    def point_smtp_at(self, port: int, **fields: Any) -> None:
+        """Point the SMTP configuration at ``port`` (saving it, as an administrator would)."""
+        config = SmtpConfiguration.objects.get()
+        config.port = port
+        for name, value in {"username": "", "password": "", **fields}.items():
+            setattr(config, name, value)
+        config.save()
 
     @property
-    def url(self):
+    def url(self) -> str:
         return self.web.url
 
-    def start_dispatchers(self, count=2, **env):
+    def start_dispatchers(self, count: int = 2, **env: Any) -> None:
         for _ in range(count):
             self.dispatchers.append(manage("dispatch", **{**DISPATCH_ENV, **env}))
 
-    def stop_dispatchers(self, sig=signal.SIGTERM):
+    def stop_dispatchers(self, sig: int = signal.SIGTERM) -> None:
         for process in self.dispatchers:
             stop(process, sig=sig)
         self.dispatchers = []
 
-    def close(self):
+    def close(self) -> None:
         self.stop_dispatchers()
         self.web.stop()
         self.smtp.stop()
@@ -117,7 +174,7 @@ class World:
 # --- evaluation -----------------------------------------------------------------------------
 
 
-def drain(ids, timeout=180):
+def drain(ids: list[str], timeout: float = 180) -> bool:
     """Wait until none of ``ids`` is Pending or Retrying."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -131,14 +188,27 @@ def drain(ids, timeout=180):
     return False
 
 
-def evaluate(name, world, *, acked, expected_parked=(), dup_bound=0, rejected=0, note="", started):
+def evaluate(
+    name: str,
+    world: World,
+    *,
+    acked: Iterable[str],
+    expected_parked: Iterable[str] = (),
+    dup_bound: int = 0,
+    rejected: int = 0,
+    note: str = "",
+    started: float,
+    smtp: SmtpServer | None = None,
+) -> dict[str, Any]:
+    """The scenario's result row; ``smtp``: the server that received (default: the world's)."""
     acked = set(acked)
     expected_parked = set(expected_parked)
     close_old_connections()
     drained = drain(list(acked))
-    rows = dict(Notification.objects.filter(pk__in=list(acked)).values_list("pk", "status"))
-    rows = {str(pk): status for pk, status in rows.items()}
-    received = Counter({nid: n for nid, n in world.smtp.count_by_notification_id().items() if nid})
+    rows = {
+        str(pk): status for pk, status in Notification.objects.filter(pk__in=list(acked)).values_list("pk", "status")
+    }
+    received = Counter({nid: n for nid, n in (smtp or world.smtp).count_by_notification_id().items() if nid})
     lost = []
     for nid in acked:
         status = rows.get(nid)
@@ -153,23 +223,47 @@ def evaluate(name, world, *, acked, expected_parked=(), dup_bound=0, rejected=0,
     duplicates = sum(received.values()) - len(received)
     non_terminal = sum(1 for status in rows.values() if status in Notification.NON_TERMINAL)
     parked = sum(1 for nid, status in rows.items() if status in (Status.PARKED, Status.DISCARDED))
-    ok = (not lost and not unexpected and non_terminal == 0 and duplicates <= dup_bound and drained
-          and parked == len(expected_parked))  # fmt: skip
+    ok = (
+        not lost
+        and not unexpected
+        and non_terminal == 0
+        and duplicates <= dup_bound
+        and drained
+        and parked == len(expected_parked)
+    )
     return {
-        "scenario": name, "acked": len(acked), "rejected": rejected, "lost": len(lost),
-        "unexpected": len(unexpected), "duplicates": duplicates, "dup_bound": dup_bound,
-        "non_terminal": non_terminal, "parked": parked, "expected_parked": len(expected_parked),
-        "seconds": round(time.monotonic() - started, 1), "ok": ok, "note": note,
+        "scenario": name,
+        "acked": len(acked),
+        "rejected": rejected,
+        "lost": len(lost),
+        "unexpected": len(unexpected),
+        "duplicates": duplicates,
+        "dup_bound": dup_bound,
+        "non_terminal": non_terminal,
+        "parked": parked,
+        "expected_parked": len(expected_parked),
+        "seconds": round(time.monotonic() - started, 1),
+        "ok": ok,
+        "note": note,
         "lost_ids": lost[:5],
-    }  # fmt: skip
+    }
 
 
-def run_load(world, *, seconds, rate=80, limit=None, make=notification, during=None):
+def run_load(
+    world: World,
+    *,
+    seconds: float,
+    rate: float = 80,
+    limit: int | None = None,
+    make: Callable[[str], dict[str, Any]] = notification,
+    during: Callable[[], None] | None = None,
+) -> Ledger:
     """Post new notifications for ``seconds`` while ``during(stop_event)`` injects faults;
     then re-send indeterminate ids until acknowledged. Returns the ledger."""
     ledger = Ledger()
-    load = LoadGenerator(world.url, world.key, ledger, rate=rate, duration=seconds,
-                         limit=limit or int(rate * seconds), make=make).start()  # fmt: skip
+    load = LoadGenerator(
+        world.url, world.key, ledger, rate=rate, duration=seconds, limit=limit or int(rate * seconds), make=make
+    ).start()
     if during:
         during()
     load.join()
@@ -182,20 +276,25 @@ def run_load(world, *, seconds, rate=80, limit=None, make=notification, during=N
 # --- scenarios ------------------------------------------------------------------------------
 
 
-def scenario_same_ids(world):
+def scenario_same_ids(world: World) -> dict[str, Any]:
     """Eight clients post the same ids at the same moment."""
     started = time.monotonic()
     world.start_dispatchers(2)
     ledger = Ledger()
     post_same_ids_concurrently(world.url, world.key, ledger, count=100 if world.short else 300, threads=8)
     resend_until_acked(world.url, world.key, ledger)
-    result = evaluate("concurrent identical posts", world, acked=ledger.ids("ack"), started=started,
-                      rejected=len(ledger.ids("reject")))  # fmt: skip
+    result = evaluate(
+        "concurrent identical posts",
+        world,
+        acked=ledger.ids("ack"),
+        started=started,
+        rejected=len(ledger.ids("reject")),
+    )
     world.stop_dispatchers()
     return result
 
 
-def _children(pid):
+def _children(pid: int) -> list[int]:
     found = []
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
@@ -207,50 +306,66 @@ def _children(pid):
     return found
 
 
-def scenario_web_kill(world):
+def scenario_web_kill(world: World) -> dict[str, Any]:
     """SIGKILL a gunicorn worker three times under load (the master starts a new one)."""
     kills = []
+    master = world.web.process
+    assert master is not None, "central is running"
 
-    def kill_workers():
+    def kill_workers() -> None:
         for _ in range(3):
             time.sleep(1.5)
-            workers = _children(world.web.process.pid)
+            workers = _children(master.pid)
             if workers:
                 os.kill(workers[0], signal.SIGKILL)
                 kills.append(workers[0])
 
-    result = _under_load(world, "SIGKILL web worker x3", kill_workers, seconds=6 if world.short else 10,
-                         note=lambda: f"killed {len(kills)} workers; indeterminate answers re-sent")  # fmt: skip
+    result = _under_load(
+        world,
+        "SIGKILL web worker x3",
+        kill_workers,
+        seconds=6 if world.short else 10,
+        note=lambda: f"killed {len(kills)} workers; indeterminate answers re-sent",
+    )
     poll(world.web.healthy, timeout=30, message="gunicorn did not recover")
     return result
 
 
-def _postgres_restart():
+def _postgres_restart() -> str | None:
     clusters = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
     if not clusters or not shutil.which("pg_ctlcluster"):
         return "no local pg_ctlcluster"
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", clusters[-1], "main", "restart", "-m", "immediate"],
-                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", clusters[-1], "main", "restart", "-m", "immediate"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return None
 
 
-def scenario_postgres_restart(world):
+def scenario_postgres_restart(world: World) -> dict[str, Any]:
     """PostgreSQL restarted in immediate mode (a crash) three times under load."""
     if os.geteuid() != 0:
         return {"scenario": "PostgreSQL restart (immediate)", "skipped": "needs root to restart the local cluster"}
     restarts = []
 
-    def restart():
+    def restart() -> None:
         for _ in range(1 if world.short else 3):
             time.sleep(2)
             restarts.append(_postgres_restart() or "restarted")
 
     count = 1 if world.short else 3
-    return _under_load(world, f"PostgreSQL restart (immediate) x{count}", restart, seconds=6 if world.short else 12,
-                       note=lambda: ", ".join(restarts))  # fmt: skip
+    return _under_load(
+        world,
+        f"PostgreSQL restart (immediate) x{count}",
+        restart,
+        seconds=6 if world.short else 12,
+        note=lambda: ", ".join(restarts),
+    )
 
 
-def scenario_dispatcher_kill(world):
+def scenario_dispatcher_kill(world: World) -> dict[str, Any]:
     """SIGKILL a dispatcher mid-batch ten times; each kill may re-send what it had in flight."""
     started = time.monotonic()
     count = 600 if world.short else 2000
@@ -262,20 +377,30 @@ def scenario_dispatcher_kill(world):
     for _ in range(kills):
         victim = manage("dispatch", **DISPATCH_ENV)
         before = sum(world.smtp.count_by_notification_id().values())
-        poll(lambda: sum(world.smtp.count_by_notification_id().values()) >= before + 20 or victim.poll() is not None,
-             timeout=30, message="the dispatcher delivered nothing")  # fmt: skip
+
+        def busy_or_gone(before: int = before, victim: subprocess.Popen[str] = victim) -> bool:
+            return sum(world.smtp.count_by_notification_id().values()) >= before + 20 or victim.poll() is not None
+
+        poll(busy_or_gone, timeout=30, message="the dispatcher delivered nothing")
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         received = set(world.smtp.count_by_notification_id())
         close_old_connections()
-        recorded = {str(pk) for pk in Notification.objects.filter(pk__in=ids, status=Status.DELIVERED)
-                    .values_list("pk", flat=True)}  # fmt: skip
+        recorded = {
+            str(pk)
+            for pk in Notification.objects.filter(pk__in=ids, status=Status.DELIVERED).values_list("pk", flat=True)
+        }
         in_flight |= received - recorded
     world.smtp.behave("refuse", refuse={DOOMED})
     world.start_dispatchers(2)
-    result = evaluate(f"SIGKILL dispatcher x{kills}", world, acked=ids, dup_bound=len(in_flight), started=started,
-                      note="bound = messages the SMTP server had accepted but the killed dispatcher had not "
-                           "recorded, at each kill")  # fmt: skip
+    result = evaluate(
+        f"SIGKILL dispatcher x{kills}",
+        world,
+        acked=ids,
+        dup_bound=len(in_flight),
+        started=started,
+        note="bound = messages the SMTP server had accepted but the killed dispatcher had not recorded, at each kill",
+    )
     duplicated = {nid for nid, n in world.smtp.count_by_notification_id().items() if n > 1}
     if not duplicated <= in_flight:
         result["ok"] = False
@@ -284,7 +409,9 @@ def scenario_dispatcher_kill(world):
     return result
 
 
-def _under_load(world, title, fault, *, seconds=6, note=lambda: ""):
+def _under_load(
+    world: World, title: str, fault: Callable[[], None], *, seconds: float = 6, note: Callable[[], str] = lambda: ""
+) -> dict[str, Any]:
     """Two dispatchers run while new notifications are posted and ``fault()`` is injected."""
     started = time.monotonic()
     world.start_dispatchers(2)
@@ -295,10 +422,10 @@ def _under_load(world, title, fault, *, seconds=6, note=lambda: ""):
     return result
 
 
-def scenario_smtp_down(world):
+def scenario_smtp_down(world: World) -> dict[str, Any]:
     """The SMTP server is down for a while, then back."""
 
-    def outage():
+    def outage() -> None:
         time.sleep(1)
         world.smtp.stop()
         time.sleep(3)
@@ -307,10 +434,10 @@ def scenario_smtp_down(world):
     return _under_load(world, "SMTP down, then back", outage)
 
 
-def scenario_smtp_hang(world):
+def scenario_smtp_hang(world: World) -> dict[str, Any]:
     """The SMTP server hangs past the client timeout (2 s), then recovers."""
 
-    def hang():
+    def hang() -> None:
         time.sleep(1)
         world.smtp.behave("hang", hang_seconds=5, refuse={DOOMED})
         time.sleep(4)
@@ -319,12 +446,16 @@ def scenario_smtp_hang(world):
     return _under_load(world, "SMTP hangs past timeout", hang)
 
 
-def scenario_smtp_transient_codes(world):
+def scenario_smtp_transient_codes(world: World) -> dict[str, Any]:
     """421/450/451/452 at DATA for a while (transient: retried), then accepted."""
 
-    def codes():
-        for reply in ("421 4.3.2 shutting down", "450 4.2.0 mailbox busy", "451 4.3.0 local error",
-                      "452 4.3.1 insufficient storage"):  # fmt: skip
+    def codes() -> None:
+        for reply in (
+            "421 4.3.2 shutting down",
+            "450 4.2.0 mailbox busy",
+            "451 4.3.0 local error",
+            "452 4.3.1 insufficient storage",
+        ):
             world.smtp.code_4xx = reply
             world.smtp.behave("4xx")
             time.sleep(1.2)
@@ -333,7 +464,7 @@ def scenario_smtp_transient_codes(world):
     return _under_load(world, "SMTP 421/450/451/452, then OK", codes)
 
 
-def scenario_smtp_permanent_codes(world):
+def scenario_smtp_permanent_codes(world: World) -> dict[str, Any]:
     """550 (refused recipient), 552 and 554 at DATA: parked, never retried; mixed with refusal of
     some recipients (delivered to the others)."""
     started = time.monotonic()
@@ -352,45 +483,56 @@ def scenario_smtp_permanent_codes(world):
     # 550 for one recipient of a two-recipient list: delivered to the other; a list whose only
     # recipient is refused: parked.
     world.smtp.behave("refuse", refuse={DOOMED, "op2@chaos.invalid"})
-    mixed = run_load(world, seconds=2, rate=60,
-                     make=lambda nid: notification(nid, list_name="Doomed" if int(nid[0], 16) % 2 else "Operators"))
+    mixed = run_load(
+        world,
+        seconds=2,
+        rate=60,
+        make=lambda nid: notification(nid, list_name="Doomed" if int(nid[0], 16) % 2 else "Operators"),
+    )
     world.start_dispatchers(2)
     doomed = [nid for nid in mixed.ids("ack") if int(nid[0], 16) % 2]
     acked += mixed.ids("ack")
     expected_parked += doomed
-    result = evaluate("SMTP 550/552/554 + partial refusal", world, acked=acked, expected_parked=expected_parked,
-                      started=started)  # fmt: skip
+    result = evaluate(
+        "SMTP 550/552/554 + partial refusal", world, acked=acked, expected_parked=expected_parked, started=started
+    )
     world.stop_dispatchers()
     world.smtp.behave("refuse", refuse={DOOMED})
     return result
 
 
-def _skewed(seconds, *args, **env):
-    """A process whose application clock is ``seconds`` off (chaos/skewed.py)."""
-    return subprocess.Popen([sys.executable, str(ROOT / "chaos" / "skewed.py"), str(seconds), *args],
-                            env=child_env(**env), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+def _skewed_dispatcher(seconds: float) -> subprocess.Popen[str]:
+    """A dispatcher process whose application clock is ``seconds`` off (chaos/skewed.py)."""
+    return manage(
+        "dispatch", launcher=[ROOT / "chaos" / "skewed.py", seconds], stdout=subprocess.DEVNULL, **DISPATCH_ENV
+    )
 
 
-def scenario_clock_skew(world):
+def scenario_clock_skew(world: World) -> dict[str, Any]:
     """Dispatchers whose clocks are 1 h ahead, right and 1 h behind the database, and a web process
     1 h ahead: leases and due times use the database clock, so nothing is stolen or stranded."""
     started = time.monotonic()
-    dispatchers = [_skewed(skew, "manage.py", "dispatch", **DISPATCH_ENV) for skew in (3600, 0, -3600)]
+    dispatchers = [_skewed_dispatcher(skew) for skew in (3600, 0, -3600)]
     web = Central(workers=1, launcher=[ROOT / "chaos" / "skewed.py", 3600], **WEB_ENV)
     try:
         web.start()
         ledger = Ledger()
         LoadGenerator(web.url, world.key, ledger, rate=60, duration=5, limit=300).start().join()
         resend_until_acked(web.url, world.key, ledger)
-        return evaluate("app clock skewed +/-1 h", world, acked=ledger.ids("ack"), started=started,
-                        note="web +1 h; dispatchers +1 h, on time and -1 h")  # fmt: skip
+        return evaluate(
+            "app clock skewed +/-1 h",
+            world,
+            acked=ledger.ids("ack"),
+            started=started,
+            note="web +1 h; dispatchers +1 h, on time and -1 h",
+        )
     finally:
         web.stop()
         for process in dispatchers:
             stop(process)
 
 
-def scenario_operator_race(world):
+def scenario_operator_race(world: World) -> dict[str, Any]:
     """Operators retry and discard parked rows while dispatchers run."""
     started = time.monotonic()
     # First: parked by a 554 …
@@ -404,16 +546,18 @@ def scenario_operator_race(world):
     retry_ids, discard_ids = ids[::2], ids[1::2]
     stop_event = threading.Event()
 
-    def operator(action, targets):
+    def operator(action: Callable[..., object], targets: list[str]) -> None:
         close_old_connections()
         while not stop_event.is_set():
             action(notification_ids=targets, user=world.operator)
             time.sleep(0.05)
         connection.close()
 
-    threads = [threading.Thread(target=operator, args=(notification_retry, retry_ids)),
-               threading.Thread(target=operator, args=(notification_discard, discard_ids)),
-               threading.Thread(target=operator, args=(notification_retry, discard_ids))]  # fmt: skip
+    threads = [
+        threading.Thread(target=operator, args=(notification_retry, retry_ids)),
+        threading.Thread(target=operator, args=(partial(notification_discard, reason="chaos"), discard_ids)),
+        threading.Thread(target=operator, args=(notification_retry, discard_ids)),
+    ]
     for thread in threads:
         thread.start()
     time.sleep(3)
@@ -426,21 +570,27 @@ def scenario_operator_race(world):
     drain(ids, timeout=60)
     statuses = dict(Notification.objects.filter(pk__in=ids).values_list("pk", "status"))
     not_delivered = [str(pk) for pk, status in statuses.items() if status != Status.DELIVERED]
-    result = evaluate("operator Retry/Discard vs dispatcher", world, acked=ids, expected_parked=not_delivered,
-                      started=started,
-                      note=f"{len(not_delivered)} discarded/parked, {len(ids) - len(not_delivered)} delivered")  # fmt: skip
+    result = evaluate(
+        "operator Retry/Discard vs dispatcher",
+        world,
+        acked=ids,
+        expected_parked=not_delivered,
+        started=started,
+        note=f"{len(not_delivered)} discarded/parked, {len(ids) - len(not_delivered)} delivered",
+    )
     # The 554 phase delivered nothing, so every delivery happened after an operator Retry.
     world.stop_dispatchers()
     return result
 
 
-def scenario_agent_link(world, tmp_dir):
+def scenario_agent_link(world: World, tmp_dir: str) -> dict[str, Any]:
     """The site agent's link to central is cut and restored while it forwards."""
     started = time.monotonic()
     world.start_dispatchers(2)
     proxy = TcpProxy(world.web.port)
-    outbox = SiteOutbox(Path(tmp_dir) / "agent.sqlite3", proxy.url, world.key, retry_interval=0.2, batch_size=50,
-                        timeout=2)  # fmt: skip
+    outbox = SiteOutbox(
+        Path(tmp_dir) / "agent.sqlite3", proxy.url, world.key, retry_interval=0.2, batch_size=50, timeout=2
+    )
     stop_event = threading.Event()
     forwarder = threading.Thread(target=outbox.run_forever, args=(stop_event,), kwargs={"progress": None})
     ids = []
@@ -458,15 +608,330 @@ def scenario_agent_link(world, tmp_dir):
         forwarder.join(timeout=30)
         proxy.close()
     parked_at_site = outbox.stats()["parked"]
-    result = evaluate("agent link cut/restored x4", world, acked=ids, started=started,
-                      note=f"site buffer empty; parked at site: {parked_at_site}")  # fmt: skip
+    result = evaluate(
+        "agent link cut/restored x4",
+        world,
+        acked=ids,
+        started=started,
+        note=f"site buffer empty; parked at site: {parked_at_site}",
+    )
     if parked_at_site:
         result["ok"] = False
     world.stop_dispatchers()
     return result
 
 
-SCENARIOS = {
+def scenario_agent_standby(world: World, tmp_dir: str) -> dict[str, Any]:
+    """The site agent is killed with its disk lost, and a standby takes over from the replica."""
+    from sites.agent.standby import RPO_SECONDS, StandbyError, find_litestream
+    from tests.support.standby import PrimarySite, measured_rpo, restore
+
+    title = "agent killed with its disk lost, standby takes over"
+    try:
+        find_litestream()
+    except StandbyError as error:
+        return {"scenario": title, "skipped": str(error)}
+    started = time.monotonic()
+    world.start_dispatchers(2)
+    base = Path(tmp_dir) / "standby"
+    link = TcpProxy(world.web.port)  # the primary's link: cut mid-way, so a backlog builds up
+    total = 150 if world.short else 400
+    try:
+        primary = PrimarySite(base / "primary", base / "replica", central_url=link.url, key=world.key).start()
+        poll(lambda: len(primary.acknowledged()) >= total // 3, timeout=120, message="the primary did not send")
+        link.cut()
+        poll(lambda: len(primary.acknowledged()) >= total, timeout=120, message="the primary did not send")
+        died = primary.die()
+    finally:
+        link.close()
+    acks = primary.acknowledged()
+    ids = [notification_id for notification_id, _ in acks]
+    close_old_connections()
+    before = {str(pk) for pk in Notification.objects.filter(pk__in=ids).values_list("pk", flat=True)}
+    standby_db = base / "standby" / "buffer.sqlite3"
+    restore(standby_db, base / "replica")
+    with SiteOutbox(standby_db, world.url, world.key, retry_interval=0.2, timeout=5) as standby:
+        kept = {row.notification_id for row in standby.buffer.due(now="9999", limit=1_000_000)}
+        poll(
+            lambda: standby.forward_once() is not None and standby.stats()["buffered"] == 0,
+            timeout=120,
+            interval=0.2,
+            message="the standby did not drain",
+        )
+    close_old_connections()
+    at_central = {str(pk) for pk in Notification.objects.filter(pk__in=ids).values_list("pk", flat=True)}
+    required = {notification_id for notification_id, moment in acks if moment <= died - RPO_SECONDS}
+    within = {notification_id for notification_id, moment in acks if moment > died - RPO_SECONDS}
+    rpo = measured_rpo(acks, died=died, kept=kept | before)
+    result = evaluate(
+        title,
+        world,
+        acked=required | (within & at_central),
+        started=started,
+        note=(
+            f"{len(acks)} acknowledged by send(): {len(before)} forwarded by the primary before its link was cut, "
+            f"{len(kept)} restored and forwarded by the standby; {len(within)} within the {RPO_SECONDS:g} s RPO "
+            f"of the kill, {len(within - at_central)} of them lost; measured RPO {rpo} s"
+        ),
+    )
+    if rpo > RPO_SECONDS:
+        result["ok"] = False
+    world.stop_dispatchers()
+    return result
+
+
+def scenario_poison_smtp_reply(world: World) -> dict[str, Any]:
+    """The SMTP server accepts one message in ten with a NUL byte in its 250 reply."""
+    started = time.monotonic()
+    world.smtp.poison_marker = "POISON"
+    try:
+        world.start_dispatchers(2)
+        count = 300 if world.short else 1000
+        ledger = run_load(
+            world,
+            seconds=count / 100,
+            rate=100,
+            limit=count,
+            make=lambda nid: notification(nid, subject=f"{'POISON ' if int(nid[-1], 16) < 2 else ''}Pump {nid[:8]}"),
+        )
+        ids = ledger.ids("ack")
+        poisoned = sum(1 for nid in ids if int(nid[-1], 16) < 2)
+        result = evaluate(
+            "poison SMTP reply",
+            world,
+            acked=ids,
+            started=started,
+            note=f"{poisoned} replies carried a NUL byte; each delivered once, stored escaped",
+        )
+    finally:
+        world.smtp.poison_marker = None
+        world.stop_dispatchers()
+    return result
+
+
+def scenario_poison_in_site_batch(world: World, tmp_dir: str) -> dict[str, Any]:
+    """A site buffer holds notifications central cannot parse (type_data nested thousands deep,
+    as an agent without today's checks stored them) among innocent ones, forwarded in batches."""
+    started = time.monotonic()
+    world.start_dispatchers(2)
+    outbox = SiteOutbox(Path(tmp_dir) / "poison.sqlite3", world.url, world.key, retry_interval=0.2, batch_size=50)
+    innocent: list[str] = []
+    poison: list[str] = []
+    count = 200 if world.short else 1000
+    try:
+        notifier = outbox.notify("Operators")
+        for n in range(count):
+            if n % 50 == 17:
+                poison_id = str(uuid.uuid4())
+                depth = 5000
+                payload = (
+                    f'{{"notification_id": "{poison_id}", "list_name": "Operators", "subject": "poison {n}", '
+                    f'"body": "x", "type_data": {"[" * depth}{"]" * depth}, "site_enqueued_at": "2026-11-21T10:00:00Z"}}'
+                )
+                outbox.buffer.insert(notification_id=poison_id, payload=payload, created_at="2026-11-21T10:00:00Z")
+                poison.append(poison_id)
+            else:
+                innocent.append(notifier.send(f"Innocent {n}", "in a batch with a poison row"))
+        for _ in range(20):
+            outbox.forward_once()
+            if outbox.stats()["buffered"] == 0:
+                break
+        stats = outbox.stats()
+    finally:
+        outbox.close()
+    close_old_connections()
+    stored_poison = Notification.objects.filter(pk__in=poison).count()
+    result = evaluate(
+        "poison notification in a site batch",
+        world,
+        acked=innocent,
+        started=started,
+        note=f"{len(poison)} poison rows parked at the site ({stats['parked']} parked), {stored_poison} at central; "
+        f"{len(innocent)} innocent rows forwarded",
+    )
+    if stats["parked"] != len(poison) or stats["buffered"] or stored_poison:
+        result["ok"] = False
+    world.stop_dispatchers()
+    return result
+
+
+# --- resilience: long outage, authentication failure, throttling relay -----------------------
+
+
+def in_flight(smtp: SmtpServer, ids: Iterable[str]) -> set[str]:
+    """Ids the SMTP server has received but the table does not yet record Delivered: a message
+    whose reply is lost when the server goes away now may be sent again."""
+    close_old_connections()
+    received = {nid for nid in smtp.count_by_notification_id() if nid}
+    recorded = {
+        str(pk)
+        for pk in Notification.objects.filter(pk__in=list(ids), status=Status.DELIVERED).values_list("pk", flat=True)
+    }
+    return received - recorded
+
+
+def attempts_per_row(ids: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """``{id: (failed attempts, of which probes)}`` for every row of ``ids`` that failed."""
+    per_row: dict[str, list[int]] = {}
+    failed = DeliveryAttempt.objects.filter(notification_id__in=list(ids)).exclude(failure_class="")
+    for notification_id, detail in failed.values_list("notification_id", "detail"):
+        counts = per_row.setdefault(str(notification_id), [0, 0])
+        counts[0] += 1
+        counts[1] += 1 if (detail or {}).get("probe") else 0
+    return {nid: (failed_count, probes) for nid, (failed_count, probes) in per_row.items()}
+
+
+def scenario_long_outage(world: World) -> dict[str, Any]:
+    """The SMTP server is down for 5 × max_attempts × interval (15 s), then back: nothing parks,
+    every row is delivered once, and a row fails at most once plus the probes it carried."""
+    started = time.monotonic()
+    max_attempts, interval = 3, 1
+    outage = 5 * max_attempts * interval
+    world.policy(max_attempts=max_attempts, interval_seconds=interval, breaker_max_cooldown_seconds=4)
+    world.start_dispatchers(2)
+    ids: list[str] = []
+    flight: set[str] = set()
+    opened: list[bool] = []
+
+    def down_and_back() -> None:
+        time.sleep(1)
+        flight.update(in_flight(world.smtp, ids))
+        world.smtp.stop()
+        time.sleep(outage / 2)
+        close_old_connections()
+        opened.append(ChannelHealth.objects.exclude(state=ChannelHealth.State.CLOSED).exists())
+        time.sleep(outage / 2)
+        world.smtp.start()
+        connection.close()
+
+    ledger = Ledger()
+    load = LoadGenerator(world.url, world.key, ledger, rate=40, duration=4 if world.short else 10, limit=400).start()
+    outage_thread = threading.Thread(target=down_and_back)
+    outage_thread.start()
+    load.join()
+    resend_until_acked(world.url, world.key, ledger, deadline_seconds=120)
+    ids += ledger.ids("ack")
+    outage_thread.join()
+    result = evaluate(
+        f"long SMTP outage ({outage} s = 5 x {max_attempts} x {interval} s)",
+        world,
+        acked=ids,
+        dup_bound=len(flight),
+        started=started,
+    )
+    per_row = attempts_per_row(ids)
+    probes = DeliveryAttempt.objects.filter(notification_id__in=ids, detail__probe=True).count()
+    most = max((failed for failed, _ in per_row.values()), default=0)
+    beyond_bound = [nid for nid, (failed, carried) in per_row.items() if failed > 1 + carried]
+    result["note"] = (
+        f"channel open during the outage: {bool(opened and opened[0])}; {probes} probes; "
+        f"{sum(f for f, _ in per_row.values())} failed attempts on {len(per_row)} of {len(ids)} rows; "
+        f"most failed attempts of one row {most}; rows beyond 1 + their probes: {len(beyond_bound)}; "
+        f"dup bound = messages in flight when the server stopped"
+    )
+    if beyond_bound or not (opened and opened[0]):
+        result["ok"] = False
+    world.stop_dispatchers()
+    world.policy()
+    return result
+
+
+def scenario_auth_failure(world: World) -> dict[str, Any]:
+    """The relay refuses our password (535) until it is fixed: nothing parks, the channel shows
+    open with class auth, everything is delivered once the password is saved."""
+    started = time.monotonic()
+    relay = SmtpServer(auth=("outbox", "right-password"), keep_content=False).start()
+    world.point_smtp_at(relay.port, username="outbox", password="expired-password")
+    world.policy()
+    world.start_dispatchers(2)
+    ledger = run_load(world, seconds=3 if world.short else 8, rate=40)
+    ids = ledger.ids("ack")
+    poll(
+        lambda: ChannelHealth.objects.filter(state__in=["open", "half_open"], last_failure_class="auth").exists(),
+        timeout=30,
+        message="the channel did not open for the authentication failure",
+    )
+    time.sleep(3)  # a few probes, all refused
+    close_old_connections()
+    shown = [c for c in kpis_compute()["channels"] if c["channel"] == "email"]
+    parked_while_refused = Notification.objects.filter(pk__in=ids, status=Status.PARKED).count()
+    world.point_smtp_at(relay.port, username="outbox", password="right-password")  # the fix
+    fixed_at = time.monotonic()
+    result = evaluate("SMTP auth failure (535 until fixed)", world, acked=ids, started=started, smtp=relay)
+    recovery = time.monotonic() - fixed_at
+    entry = shown[0] if shown else {}
+    result["note"] = (
+        f"KPI channels while refused: state {entry.get('state')}, class {entry.get('last_failure_class')}, "
+        f"{entry.get('rows_waiting')} rows waiting, {entry.get('probes')} probes; parked while refused "
+        f"{parked_while_refused}; all delivered {recovery:.1f} s after the password was saved"
+    )
+    if entry.get("last_failure_class") != "auth" or parked_while_refused:
+        result["ok"] = False
+    world.stop_dispatchers()
+    relay.stop()
+    world.point_smtp_at(world.smtp.port)
+    world.policy()
+    return result
+
+
+def scenario_throttling_relay(world: World) -> dict[str, Any]:
+    """The relay answers 421 4.7.0 above 10 messages in 5 s (120/min). Without a rate limit its
+    refusals are waited out (nothing parks); with rate_per_minute 80 the attempts started in
+    every window stay within the bucket's bound, the relay's rate is kept and it never has to
+    refuse."""
+    started = time.monotonic()
+    limit, window = 10, 5.0
+    count = 40 if world.short else 120
+    world.smtp.behave("throttle", limit=limit, window_seconds=window)
+    # Phase 1: no rate limit: the relay refuses, the rows wait, everything arrives.
+    world.policy()
+    world.start_dispatchers(2)
+    first = run_load(world, seconds=count / 40, rate=40, limit=count)
+    first_ids = first.ids("ack")
+    drain(first_ids, timeout=240)
+    refused_unpaced = world.smtp.throttled
+    world.stop_dispatchers()
+    # Phase 2: rate_per_minute below the relay's rate, with a margin for the time a message
+    # takes from its start to the relay: nothing to refuse.
+    rate = 80
+    world.policy(rate_per_minute=rate)
+    time.sleep(window)  # the relay's window forgets phase 1
+    throttled_before = world.smtp.throttled
+    world.smtp.accepted_times.clear()
+    world.start_dispatchers(2)
+    second = run_load(world, seconds=count / 40, rate=40, limit=count)
+    second_ids = second.ids("ack")
+    ids = first_ids + second_ids
+    result = evaluate(f"throttling relay (421 4.7.0 above {limit}/{window:g} s)", world, acked=ids, started=started)
+    refused_paced = world.smtp.throttled - throttled_before
+    most = world.smtp.most_accepted_in_any(window)
+    per_minute = world.smtp.most_accepted_in_any(60.0)
+    # What the rate limit itself promises: attempts started (as recorded) in any window.
+    starts = sorted(
+        moment.timestamp()
+        for moment in DeliveryAttempt.objects.filter(notification_id__in=second_ids).values_list(
+            "started_at", flat=True
+        )
+    )
+    started_most = max(
+        (sum(1 for other in starts[i:] if other - moment < window) for i, moment in enumerate(starts)), default=0
+    )
+    bound = rate / 60 * window + max(1, -(-rate // 60))
+    result["note"] = (
+        f"unpaced: relay refused {refused_unpaced}, parked 0 of {len(first_ids)}; paced at {rate}/min: "
+        f"attempts started in any {window:g} s at most {started_most} (bucket bound {bound:g}), relay accepted "
+        f"at most {most} in any {window:g} s (it allows {limit}) and refused {refused_paced}; "
+        f"most in any 60 s {per_minute}"
+    )
+    if refused_unpaced == 0 or refused_paced or most > limit or started_most > bound:
+        result["ok"] = False
+    world.stop_dispatchers()
+    world.smtp.behave("refuse", refuse={DOOMED})
+    world.policy()
+    return result
+
+
+SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "same-ids": scenario_same_ids,
     "web-kill": scenario_web_kill,
     "postgres-restart": scenario_postgres_restart,
@@ -478,26 +943,38 @@ SCENARIOS = {
     "clock-skew": scenario_clock_skew,
     "operator-race": scenario_operator_race,
     "agent-link": scenario_agent_link,
+    "agent-standby": scenario_agent_standby,
+    "poison-smtp-reply": scenario_poison_smtp_reply,
+    "poison-site-batch": scenario_poison_in_site_batch,
+    "long-outage": scenario_long_outage,
+    "auth-failure": scenario_auth_failure,
+    "throttling-relay": scenario_throttling_relay,
 }
+# Scenarios that need the run's temporary directory (a site buffer).
+NEEDS_TMP_DIR = {"agent-link", "agent-standby", "poison-site-batch"}
 
 
-def print_table(results):
-    header = f"{'scenario':38} {'acked':>6} {'lost':>5} {'unexp':>6} {'dups':>5} {'bound':>6} {'non-term':>8} " \
-             f"{'parked':>6} {'expect':>6} {'secs':>6}  ok"  # fmt: skip
+def print_table(results: list[dict[str, Any]]) -> None:
+    header = (
+        f"{'scenario':52} {'acked':>6} {'lost':>5} {'unexp':>6} {'dups':>5} {'bound':>6} {'non-term':>8} "
+        f"{'parked':>6} {'expect':>6} {'secs':>6}  ok"
+    )
     print("\n" + header + "\n" + "-" * len(header))
     for r in results:
         if "skipped" in r:
-            print(f"{r['scenario']:38} skipped: {r['skipped']}")
+            print(f"{r['scenario']:52} skipped: {r['skipped']}")
             continue
-        print(f"{r['scenario']:38} {r['acked']:>6} {r['lost']:>5} {r['unexpected']:>6} {r['duplicates']:>5} "
-              f"{r['dup_bound']:>6} {r['non_terminal']:>8} {r['parked']:>6} {r['expected_parked']:>6} "
-              f"{r['seconds']:>6}  {'yes' if r['ok'] else 'NO'}")  # fmt: skip
+        print(
+            f"{r['scenario']:52} {r['acked']:>6} {r['lost']:>5} {r['unexpected']:>6} {r['duplicates']:>5} "
+            f"{r['dup_bound']:>6} {r['non_terminal']:>8} {r['parked']:>6} {r['expected_parked']:>6} "
+            f"{r['seconds']:>6}  {'yes' if r['ok'] else 'NO'}"
+        )
     for r in results:
         if r.get("note"):
             print(f"  {r['scenario']}: {r['note']}")
 
 
-def main():
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="smaller loads and fewer faults (CI)")
     parser.add_argument("--only", help="comma-separated scenario names")
@@ -512,10 +989,10 @@ def main():
     try:
         with tempfile.TemporaryDirectory(prefix="outbox-chaos-") as tmp_dir:
             for name in names:
-                print(f"== {name}: {SCENARIOS[name].__doc__.splitlines()[0]}", flush=True)
-                world.smtp.reset()
                 function = SCENARIOS[name]
-                result = function(world, tmp_dir) if name == "agent-link" else function(world)
+                print(f"== {name}: {(function.__doc__ or '').splitlines()[0]}", flush=True)
+                world.smtp.reset()
+                result = function(world, tmp_dir) if name in NEEDS_TMP_DIR else function(world)
                 if result is not None:
                     results.append(result)
                     print(f"   {json.dumps({k: v for k, v in result.items() if k != 'note'})}", flush=True)
@@ -527,8 +1004,10 @@ def main():
     out.write_text(json.dumps({"short": args.short, "results": results}, indent=2))
     failed = [r for r in results if "skipped" not in r and not r["ok"]]
     skipped = [r for r in results if "skipped" in r]
-    print(f"\n{len(results) - len(failed) - len(skipped)} of {len(results)} scenarios passed"
-          f"{f', {len(skipped)} skipped' if skipped else ''}; wrote {out.relative_to(ROOT)}")  # fmt: skip
+    print(
+        f"\n{len(results) - len(failed) - len(skipped)} of {len(results)} scenarios passed"
+        f"{f', {len(skipped)} skipped' if skipped else ''}; wrote {out.relative_to(ROOT)}"
+    )
     return 1 if failed else 0
 
 

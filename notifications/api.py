@@ -1,31 +1,57 @@
-"""The site-facing REST API (DESIGN §3). Views parse, call one ingest function, render."""
+"""The site-facing REST API (docs/api.md). Views parse, call one ingest function, render.
+
+The request schema of a notification is generated from ingest's declarations (fields, required,
+limits, types), so the published OpenAPI description and validation cannot drift apart.
+"""
+
+from datetime import UTC, datetime
+from typing import Any, cast
 
 import django_filters
 from django import forms
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.generics import ListAPIView
 from rest_framework.pagination import CursorPagination
 from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from notifications.adapters import TYPE_CHOICES
-from notifications.ingest import notification_status_record, notification_validate, notifications_ingest
+from notifications.ingest import (
+    ACCEPTED_FIELDS,
+    DEFAULT_TYPE,
+    INVALID,
+    MAX_TYPE_DATA_BYTES,
+    SITE_MISMATCH,
+    TEXT_RULES,
+    NotificationInput,
+    Rejection,
+    notification_status_record,
+    notification_validate,
+    notifications_ingest,
+    rejection_invalid,
+)
 from notifications.kpis import kpis_compute
 from notifications.models import Notification
+from notifications.operations import notification_act
+from sites.authentication import StaffTokenAuthentication
+from sites.models import Site
+from sites.services import site_kpis_add
 
 # --- errors ---------------------------------------------------------------------------------
 
 DB_UNAVAILABLE = {"error": "database_unavailable", "detail": "The database is unavailable; retry later."}
 
 
-def exception_handler(exc, context):
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF errors as ``{"error": code, "detail": text[, "errors": {field: [..]}]}``.
 
     A database that cannot be reached answers 503, never 500: the client must retry, and
@@ -46,8 +72,22 @@ def exception_handler(exc, context):
     return response
 
 
-def _invalid(errors):
-    return Response({"error": "invalid", "detail": "Invalid input.", "errors": errors}, status=400)
+# A rejected request answers with its code, sentence and field errors; the status by code.
+REJECTION_STATUS = {INVALID: status.HTTP_400_BAD_REQUEST, SITE_MISMATCH: status.HTTP_403_FORBIDDEN}
+
+
+def _rejected(rejection: Rejection) -> Response:
+    body = {"error": rejection.error, "detail": rejection.detail, "errors": rejection.errors}
+    return Response(body, status=REJECTION_STATUS[rejection.error])
+
+
+def _invalid(errors: dict[str, list[str]]) -> Response:
+    return _rejected(rejection_invalid(errors))
+
+
+def _site(request: Request) -> Site:
+    """The calling site (IsActiveSite, the default permission, has made sure there is one)."""
+    return cast(Site, request.user)
 
 
 IDEMPOTENCY_CONFLICT = {
@@ -58,19 +98,44 @@ IDEMPOTENCY_CONFLICT = {
 # --- schema-only serializers (the API validates with notifications.ingest) -------------------
 
 
-class NotificationInSerializer(serializers.Serializer):
-    """Optional fields may be omitted or null (both mean "use the default")."""
+def _notification_in_fields() -> dict[str, serializers.Field]:
+    """The request schema of one notification, field by field from ingest's declarations, in
+    their order; an optional field may be omitted or null (both mean "use the default")."""
+    text_rules = {rule.name: rule for rule in TEXT_RULES}
+    fields: dict[str, serializers.Field] = {}
+    for name in (f for f in NotificationInput.__dataclass_fields__ if f in ACCEPTED_FIELDS):
+        rule = text_rules.get(name)
+        if rule is not None:
+            fields[name] = serializers.CharField(
+                max_length=rule.max_length,
+                required=rule.required,
+                allow_null=not rule.required,
+                allow_blank=rule.blank,
+                help_text="One line (no CR or LF)." if rule.single_line else "",
+            )
+        elif name == "notification_id":
+            fields[name] = serializers.UUIDField(help_text="The idempotency key, generated at the site.")
+        elif name == "type":
+            fields[name] = serializers.ChoiceField(
+                choices=TYPE_CHOICES, default=DEFAULT_TYPE, required=False, allow_null=True
+            )
+        elif name == "type_data":
+            fields[name] = serializers.DictField(
+                required=False,
+                allow_null=True,
+                help_text=f"A JSON object of at most {MAX_TYPE_DATA_BYTES} bytes (for email not counting attachment "
+                "contents). Email reads html, reply_to, cc, priority and attachments from it (docs/api.md).",
+            )
+        elif name == "site_enqueued_at":
+            fields[name] = serializers.DateTimeField(
+                required=False, allow_null=True, help_text="With a timezone. Default: the ingest time."
+            )
+        else:
+            raise ImproperlyConfigured(f"the API does not describe the submitted field {name!r}")
+    return fields
 
-    notification_id = serializers.UUIDField()
-    type = serializers.ChoiceField(choices=TYPE_CHOICES, default="email", required=False, allow_null=True)
-    list_name = serializers.CharField(max_length=200)
-    subject = serializers.CharField(max_length=255, allow_blank=True)
-    body = serializers.CharField(max_length=100_000, allow_blank=True)
-    type_data = serializers.DictField(required=False, allow_null=True)
-    source_instance_id = serializers.CharField(max_length=200, required=False, allow_blank=True, allow_null=True)
-    source_script = serializers.CharField(max_length=200, required=False, allow_blank=True, allow_null=True)
-    site_enqueued_at = serializers.DateTimeField(required=False, allow_null=True)
-    source_site_id = serializers.CharField(max_length=64, required=False, allow_null=True)
+
+NotificationInSerializer = inline_serializer("NotificationIn", _notification_in_fields())
 
 
 class StatusRecordSerializer(serializers.Serializer):
@@ -86,21 +151,30 @@ class StatusRecordSerializer(serializers.Serializer):
     next_attempt_at = serializers.DateTimeField(allow_null=True)
     delivered_at = serializers.DateTimeField(allow_null=True)
 
-    def to_representation(self, instance):
+    def to_representation(self, instance: Any) -> dict[str, Any]:
         return notification_status_record(instance)
 
 
 ErrorSerializer = inline_serializer(
     "Error",
-    {"error": serializers.CharField(), "detail": serializers.CharField(),
-     "errors": serializers.DictField(required=False)},
-)  # fmt: skip
-class BatchItemResultSerializer(serializers.Serializer):
-    notification_id = serializers.CharField(allow_null=True)
-    result = serializers.ChoiceField(choices=["created", "replayed", "rejected"])
-    status = StatusRecordSerializer(required=False)
-    errors = serializers.DictField(required=False)
-    error = serializers.CharField(required=False)
+    {
+        "error": serializers.CharField(),
+        "detail": serializers.CharField(),
+        "errors": serializers.DictField(required=False),
+    },
+)
+
+
+# Declared as a mapping: a Serializer subclass cannot have a field named "errors".
+BATCH_ITEM_RESULT_FIELDS: dict[str, serializers.Field] = {
+    "notification_id": serializers.CharField(allow_null=True),
+    "result": serializers.ChoiceField(choices=["created", "replayed", "rejected"]),
+    "status": StatusRecordSerializer(required=False),
+    "error": serializers.CharField(required=False, help_text="Why the item was rejected, as a code."),
+    "errors": serializers.DictField(required=False, help_text="Why the item was rejected, per field."),
+}
+
+
 ERROR_RESPONSES = {
     400: OpenApiResponse(ErrorSerializer, description="Invalid input, per field"),
     401: OpenApiResponse(ErrorSerializer, description="Missing, invalid, revoked or expired key"),
@@ -115,13 +189,23 @@ ERROR_RESPONSES = {
 
 
 class StrictFilterForm(forms.Form):
-    """A filter given with an empty value is a mistake to report, not "no filter"."""
+    """A filter given with an empty value is a mistake to report, not "no filter"; times are
+    compared in UTC."""
 
-    def clean(self):
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        cleaned = self.cleaned_data
         for name in self.fields:
             if name in self.data and self.data.get(name) == "":
                 self.add_error(name, "Must not be empty.")
+        for name, value in list(cleaned.items()):
+            if isinstance(value, datetime):
+                # Compared in UTC: PostgreSQL takes no offset beyond ±15:59 (ISO-8601 allows
+                # ±23:59), and some instants near year 1 have no UTC time at all.
+                try:
+                    cleaned[name] = value.astimezone(UTC)
+                except (OverflowError, ValueError):
+                    self.add_error(name, "Is out of range.")
         return cleaned
 
 
@@ -144,7 +228,23 @@ class NewestFirstCursorPagination(CursorPagination):
     page_size_query_param = "page_size"
     max_page_size = 1000
 
-    def get_page_size(self, request):
+    def decode_cursor(self, request: Request) -> Any:
+        """Like DRF's, but a cursor whose position is not a creation time (a tampered cursor)
+        is invalid — 404 "Invalid cursor", as for any undecodable cursor — instead of reaching
+        the database; the position is compared in UTC."""
+        cursor = super().decode_cursor(request)
+        if cursor is None or cursor.position is None:
+            return cursor
+        try:
+            position = datetime.fromisoformat(str(cursor.position))
+            if position.tzinfo is None:
+                raise ValueError("no timezone")
+            position = position.astimezone(UTC)
+        except (TypeError, ValueError, OverflowError):
+            raise exceptions.NotFound(self.invalid_cursor_message) from None
+        return cursor._replace(position=position.isoformat())  # type: ignore[arg-type]  # DRF's stub says int
+
+    def get_page_size(self, request: Request) -> int:
         """Like DRF's, but a bad page_size is a 400, not silently the default."""
         values = request.query_params.getlist(self.page_size_query_param)
         if not values:
@@ -164,10 +264,10 @@ class NotificationCollectionView(ListAPIView):
     pagination_class = NewestFirstCursorPagination
     filter_backends = [django_filters.rest_framework.DjangoFilterBackend]
 
-    def get_queryset(self):
+    def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):  # schema generation has no site
             return Notification.objects.none()
-        return Notification.objects.filter(source_site_id=self.request.user.site_id)
+        return Notification.objects.filter(source_site_id=_site(self.request).site_id)
 
     @extend_schema(
         responses={
@@ -176,7 +276,7 @@ class NotificationCollectionView(ListAPIView):
             **{code: ERROR_RESPONSES[code] for code in (400, 401, 403, 429, 503)},
         }
     )
-    def get(self, request, *args, **kwargs):
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """The calling site's notifications, newest first, filtered and cursor-paginated."""
         known = set(NotificationFilter.base_filters) | {"cursor", "page_size"}
         unknown = sorted(set(request.query_params) - known)
@@ -193,17 +293,13 @@ class NotificationCollectionView(ListAPIView):
             **ERROR_RESPONSES,
         },
     )
-    def post(self, request):
-        data = request.data
-        item, errors = notification_validate(data)
-        if errors:
-            return _invalid(errors)
-        site = request.user
-        if item.source_site_id is not None and item.source_site_id != site.site_id:
-            raise exceptions.PermissionDenied(
-                "source_site_id does not match the site of the API key.", code="site_mismatch"
-            )
-        (outcome,) = notifications_ingest(site_id=site.site_id, inputs=[item])
+    def post(self, request: Request) -> Response:
+        site_id = _site(request).site_id
+        item, rejection = notification_validate(request.data, site_id=site_id)
+        if rejection is not None:
+            return _rejected(rejection)
+        assert item is not None
+        (outcome,) = notifications_ingest(site_id=site_id, inputs=[item])
         if outcome.result == "conflict":
             return Response(IDEMPOTENCY_CONFLICT, status=422)
         code = status.HTTP_201_CREATED if outcome.result == "created" else status.HTTP_200_OK
@@ -212,19 +308,24 @@ class NotificationCollectionView(ListAPIView):
 
 class NotificationBatchView(APIView):
     @extend_schema(
-        # Items are validated one by one and rejected individually (DESIGN §3), so the
+        # Items are validated one by one and rejected individually (docs/api.md), so the
         # envelope accepts any JSON value per item; each should be a NotificationIn.
         request=inline_serializer(
             "BatchIn",
-            {"notifications": serializers.ListField(
-                child=serializers.JSONField(), help_text="Each item as the body of POST /api/v1/notifications/.")},
+            {
+                "notifications": serializers.ListField(
+                    child=serializers.JSONField(), help_text="Each item as the body of POST /api/v1/notifications/."
+                )
+            },
         ),
         responses={
-            200: inline_serializer("BatchOut", {"results": BatchItemResultSerializer(many=True)}),
+            200: inline_serializer(
+                "BatchOut", {"results": inline_serializer("BatchItemResult", BATCH_ITEM_RESULT_FIELDS, many=True)}
+            ),
             **ERROR_RESPONSES,
         },
     )
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         """Ingest up to OUTBOX_BATCH_MAX_ITEMS notifications; one result per item, in order."""
         data = request.data
         items = data.get("notifications") if isinstance(data, dict) else None
@@ -236,25 +337,26 @@ class NotificationBatchView(APIView):
         if set(data) - {"notifications"}:
             return _invalid({name: ["Unknown field."] for name in sorted(set(data) - {"notifications"})})
 
-        site_id = request.user.site_id
-        results = [None] * len(items)
-        valid, positions = [], []
+        site_id = _site(request).site_id
+        results: list[dict[str, Any]] = [{} for _ in items]
+        valid: list[NotificationInput] = []
+        positions: list[int] = []
         for index, raw in enumerate(items):
-            item, errors = notification_validate(raw)
-            if not errors and item.source_site_id is not None and item.source_site_id != site_id:
-                errors = {"source_site_id": ["Does not match the site of the API key."]}
-            if errors:
+            item, rejection = notification_validate(raw, site_id=site_id)
+            if rejection is not None:
                 raw_id = raw.get("notification_id") if isinstance(raw, dict) else None
                 results[index] = {
                     "notification_id": raw_id if isinstance(raw_id, str) else None,
                     "result": "rejected",
-                    "errors": errors,
+                    "error": rejection.error,
+                    "errors": rejection.errors,
                 }
             else:
+                assert item is not None
                 valid.append(item)
                 positions.append(index)
         outcomes = notifications_ingest(site_id=site_id, inputs=valid)
-        for index, outcome in zip(positions, outcomes):
+        for index, outcome in zip(positions, outcomes, strict=False):
             nid = str(outcome.notification_id)
             if outcome.result == "conflict":
                 results[index] = {
@@ -281,25 +383,23 @@ class NotificationDetailView(APIView):
             **{code: ERROR_RESPONSES[code] for code in (401, 403, 429, 503)},
         },
     )
-    def get(self, request, notification_id):
+    def get(self, request: Request, notification_id: Any) -> Response:
         """The status record of one of the calling site's notifications."""
-        notification = (
-            Notification.objects.filter(pk=notification_id, source_site_id=request.user.site_id).first()
-        )
+        notification = Notification.objects.filter(pk=notification_id, source_site_id=_site(request).site_id).first()
         if notification is None:
             raise exceptions.NotFound("No notification with this id for this site.", code="not_found")
         return Response(notification_status_record(notification))
-
 
 
 # --- KPIs (staff only) ------------------------------------------------------------------------
 
 
 class KpiView(APIView):
-    """Delivery KPIs, global and per source site (DESIGN §6). Staff only: Basic first, so an
-    anonymous caller gets 401 with a WWW-Authenticate challenge; a non-staff user gets 403."""
+    """Delivery KPIs, global and per source site (docs/operations.md). Staff only, with a token or
+    a console session: the token first, so an anonymous caller gets 401 with a WWW-Authenticate
+    challenge; a non-staff user gets 403."""
 
-    authentication_classes = [BasicAuthentication, SessionAuthentication]
+    authentication_classes = [StaffTokenAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
     throttle_classes = []
 
@@ -311,5 +411,118 @@ class KpiView(APIView):
             503: ERROR_RESPONSES[503],
         }
     )
-    def get(self, request):
-        return Response(kpis_compute())
+    def get(self, request: Request) -> Response:
+        return Response(site_kpis_add(kpis_compute()))
+
+
+# --- operator actions (staff only) -------------------------------------------------------------
+
+ACTION_PERMISSIONS = {
+    "retry": "notifications.retry_notification",
+    "discard": "notifications.discard_notification",
+    "requeue": "notifications.requeue_notification",
+}
+ACTION_FIELDS = {"retry": set(), "discard": {"reason"}, "requeue": set()}
+ACTION_APPLIES = {
+    "retry": "Parked (Retry) or Retrying (Retry now)",
+    "discard": "Pending, Retrying or Parked",
+    "requeue": "Discarded",
+}
+
+ActionResultSerializer = inline_serializer(
+    "ActionResult",
+    {
+        "action": serializers.CharField(help_text="retry, retry_now, discard or requeue"),
+        "notification": StatusRecordSerializer(),
+    },
+)
+ConflictSerializer = inline_serializer(
+    "ActionConflict",
+    {"error": serializers.CharField(), "detail": serializers.CharField(), "status": serializers.CharField()},
+)
+
+
+class NotificationActionView(APIView):
+    """An operator action on one notification (docs/api.md). Staff with the action's
+    permission, by token (``Authorization: Token …``) or console session (with its CSRF
+    token) — never HTTP Basic."""
+
+    authentication_classes = [StaffTokenAuthentication, SessionAuthentication]
+    permission_classes = [IsAdminUser]
+    throttle_classes = []
+    action = ""
+
+    def post(self, request: Request, notification_id: Any) -> Response:
+        if not request.user.has_perm(ACTION_PERMISSIONS[self.action]):
+            raise exceptions.PermissionDenied(f"You may not {self.action} notifications.")
+        data = request.data if request.data is not None else {}
+        if not isinstance(data, dict):
+            return _invalid({"non_field_errors": ["The body must be a JSON object."]})
+        unknown = sorted(set(data) - ACTION_FIELDS[self.action])
+        if unknown:
+            return _invalid({name[:100]: ["Unknown field."] for name in unknown})
+        reason = data.get("reason", "")
+        if self.action == "discard" and (not isinstance(reason, str) or not reason.strip()):
+            return _invalid({"reason": ["A non-blank reason is required to discard a notification."]})
+        if isinstance(reason, str) and len(reason) > 2000:
+            return _invalid({"reason": ["At most 2000 characters."]})
+        outcome = notification_act(
+            notification_id=notification_id, action=self.action, user=request.user, reason=reason
+        )
+        if outcome.notification is None:
+            raise exceptions.NotFound("No notification with this id.", code="not_found")
+        status_now = outcome.notification.status
+        if outcome.applied is None:
+            detail = (
+                "The notification is being delivered right now (or changed meanwhile); try again in a moment."
+                if outcome.busy
+                else f"{self.action.capitalize()} applies to a notification that is {ACTION_APPLIES[self.action]}; "
+                f"this one is {status_now}."
+            )
+            return Response({"error": "conflict", "detail": detail, "status": status_now}, status=409)
+        return Response({"action": outcome.applied, "notification": notification_status_record(outcome.notification)})
+
+
+def _action_schema(action: str) -> Any:
+    request = inline_serializer("DiscardIn", {"reason": serializers.CharField()}) if action == "discard" else None
+    return extend_schema(
+        operation_id=f"notification_{action}",
+        parameters=[OpenApiParameter("notification_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        request=request,
+        responses={
+            200: ActionResultSerializer,
+            400: ERROR_RESPONSES[400],
+            401: OpenApiResponse(ErrorSerializer, description="Not authenticated"),
+            403: OpenApiResponse(ErrorSerializer, description="Not staff, or lacks the action's permission"),
+            404: OpenApiResponse(ErrorSerializer, description="No such notification"),
+            409: OpenApiResponse(ConflictSerializer, description="The action does not apply to the current status"),
+            503: ERROR_RESPONSES[503],
+        },
+    )
+
+
+class NotificationRetryView(NotificationActionView):
+    action = "retry"
+
+    @_action_schema("retry")
+    def post(self, request: Request, notification_id: Any) -> Response:
+        """Retry a Parked notification, or retry a Retrying one now."""
+        return super().post(request, notification_id)
+
+
+class NotificationDiscardView(NotificationActionView):
+    action = "discard"
+
+    @_action_schema("discard")
+    def post(self, request: Request, notification_id: Any) -> Response:
+        """Discard a Pending, Retrying or Parked notification, with a reason."""
+        return super().post(request, notification_id)
+
+
+class NotificationRequeueView(NotificationActionView):
+    action = "requeue"
+
+    @_action_schema("requeue")
+    def post(self, request: Request, notification_id: Any) -> Response:
+        """Requeue a Discarded notification."""
+        return super().post(request, notification_id)

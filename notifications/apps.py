@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 from django.core import checks
+from django.db.models.signals import post_migrate, post_save
 
 
 class NotificationsConfig(AppConfig):
@@ -7,7 +8,16 @@ class NotificationsConfig(AppConfig):
     verbose_name = "Notification outbox"
     default_auto_field = "django.db.models.BigAutoField"
 
-    def ready(self):
-        from notifications.secrets import check_secrets_decryptable
+    def ready(self) -> None:
+        from notifications.checks import check_attachment_limit, check_schedules_present, check_secrets_decryptable
+        from notifications.models import SmtpConfiguration
+        from notifications.operations import smtp_configuration_changed
+        from notifications.schedules import schedules_after_migrate
 
         checks.register(check_secrets_decryptable, checks.Tags.database)
+        checks.register(check_schedules_present, checks.Tags.database)
+        checks.register(check_attachment_limit)
+        # After every migrate: the worker's schedules exist without a deployment step.
+        post_migrate.connect(schedules_after_migrate, sender=self, dispatch_uid="outbox-schedules")
+        # A changed SMTP configuration (a fixed password, another relay) is probed at once.
+        post_save.connect(smtp_configuration_changed, sender=SmtpConfiguration, dispatch_uid="outbox-smtp-changed")

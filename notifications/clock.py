@@ -1,20 +1,34 @@
 """The one clock scheduling decisions use: the database's.
 
 Web and worker processes run on many machines whose clocks drift; the database is the one
-place they all share. Due times, leases, ingest times and KPI ages are all measured with
-``database_now()`` so that a process whose clock is an hour off neither steals live leases
-nor schedules rows into the future. SQLite is embedded, so there the process clock is the
-database clock.
+place they all share. Due times, leases, ingest times, attempt times and KPI ages are all
+measured on the database's clock so that a process whose clock is an hour off neither steals
+live leases nor schedules rows into the future. SQLite is embedded, so there the process
+clock is the database clock.
 """
 
-from django.db import connection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
 from django.utils import timezone
 
+from notifications.db import database_now
 
-def database_now():
-    """The database server's current time (aware, UTC)."""
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        return cursor.fetchone()[0]
+__all__ = ["DatabaseClock", "database_clock", "database_now"]
+
+
+@dataclass(frozen=True)
+class DatabaseClock:
+    """The database's clock as an offset from this process's clock, read once: a dispatch batch
+    needs the time for every result, and one query per batch is enough."""
+
+    offset: timedelta = timedelta(0)
+
+    def now(self) -> datetime:
+        """The database's current time, estimated without a query."""
+        return timezone.now() + self.offset
+
+
+def database_clock() -> DatabaseClock:
+    """Read the database clock once (one query on PostgreSQL) and keep its offset."""
+    return DatabaseClock(offset=database_now() - timezone.now())

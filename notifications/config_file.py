@@ -1,4 +1,5 @@
-"""Configuration as code: import/export of SMTP, notification lists and sites (DESIGN §7).
+"""Configuration as code: import/export of SMTP, delivery policies, notification lists and sites
+(docs/operations.md).
 
 Import upserts by natural key (list name case-insensitively, site_id), replaces a list's
 recipients with the file's, and leaves entries the file does not mention alone. The whole
@@ -6,31 +7,45 @@ file is validated before anything is written, and written in one transaction, so
 file changes nothing. Export never writes secrets (the SMTP password is left out).
 """
 
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email, validate_slug
 from django.db import transaction
 
+from notifications.adapters import ADAPTER_PATHS
+from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, notification_lists_by_name
 from notifications.models import EmailRecipient, NotificationList, SmtpConfiguration
+from notifications.operations import smtp_password_kept_problem
+from notifications.policies import delivery_policies_all, delivery_policy_store, delivery_policy_validate
 from sites.models import Site
 
 SMTP_FIELDS = {
-    "host": str, "port": int, "security": str, "username": str, "password": str,
-    "from_address": str, "timeout_seconds": int, "max_retries": int, "retry_interval_seconds": int,
-}  # fmt: skip
+    "host": str,
+    "port": int,
+    "security": str,
+    "username": str,
+    "password": str,
+    "from_address": str,
+    "timeout_seconds": int,
+    "max_retries": int,
+    "retry_interval_seconds": int,
+}
 SMTP_REQUIRED = ("host", "from_address")
-LIST_FIELDS = {"name", "description", "email"}
+LIST_FIELDS = {"name", "description", "recipient_mode", "email"}
 SITE_FIELDS = {"site_id", "name", "active"}
+SECTIONS = ("smtp", "policies", "lists", "sites")
 
 
 class ConfigFileError(Exception):
     """The file is invalid; ``problems`` lists every problem, each naming its entry."""
 
-    def __init__(self, problems):
+    def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("\n".join(problems))
 
 
-def _validate_smtp(smtp, problems):
+def _validate_smtp(smtp: Any, problems: list[str]) -> None:
     if not isinstance(smtp, dict):
         problems.append("smtp: must be an object.")
         return
@@ -59,11 +74,26 @@ def _validate_smtp(smtp, problems):
             problems.append(f"smtp.from_address: {smtp['from_address']!r} is not a valid email address.")
 
 
-def _validate_lists(lists, problems):
+def _validate_policies(policies: Any, problems: list[str]) -> None:
+    if not isinstance(policies, dict):
+        problems.append("policies: must be an object keyed by channel.")
+        return
+    for channel, values in policies.items():
+        if channel not in ADAPTER_PATHS:
+            problems.append(f"policies.{channel}: unknown channel (known: {', '.join(ADAPTER_PATHS)}).")
+            continue
+        if not isinstance(values, dict):
+            problems.append(f"policies.{channel}: must be an object.")
+            continue
+        for name, problem in delivery_policy_validate(values=values).items():
+            problems.append(f"policies.{channel}.{name}: {problem}")
+
+
+def _validate_lists(lists: Any, problems: list[str]) -> None:
     if not isinstance(lists, list):
         problems.append("lists: must be a list.")
         return
-    seen = {}
+    seen: dict[str, int] = {}
     for index, entry in enumerate(lists):
         where = f"lists[{index}]"
         if not isinstance(entry, dict):
@@ -72,22 +102,30 @@ def _validate_lists(lists, problems):
         name = entry.get("name")
         if isinstance(name, str) and name.strip():
             where = f"lists[{index}] ({name!r})"
-            if name.lower() in seen:
-                problems.append(f"{where}: duplicate of lists[{seen[name.lower()]}] (names are case-insensitive).")
-            seen[name.lower()] = index
-            if len(name) > 200:
+            key = list_name_key(name)
+            if key in seen:
+                problems.append(f"{where}: duplicate of lists[{seen[key]}] (names are case-insensitive).")
+            seen[key] = index
+            if len(list_name_normalize(name)) > 200:
                 problems.append(f"{where}.name: must be at most 200 characters.")
+            problem = list_name_problem(list_name_normalize(name))
+            if problem:
+                problems.append(f"{where}.name: {problem}")
         else:
             problems.append(f"{where}.name: is required and must be a non-blank string.")
         for field in sorted(set(entry) - LIST_FIELDS):
             problems.append(f"{where}.{field}: unknown field.")
         if not isinstance(entry.get("description", ""), str):
             problems.append(f"{where}.description: must be a string.")
+        mode = entry.get("recipient_mode", NotificationList.RecipientMode.BCC)
+        if not isinstance(mode, str) or mode not in NotificationList.RecipientMode.values:
+            allowed = ", ".join(NotificationList.RecipientMode.values)
+            problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
         emails = entry.get("email", [])
         if not isinstance(emails, list):
             problems.append(f"{where}.email: must be a list of addresses.")
             continue
-        lowered = set()
+        lowered: set[str] = set()
         for position, address in enumerate(emails):
             try:
                 if not isinstance(address, str):
@@ -101,11 +139,11 @@ def _validate_lists(lists, problems):
             lowered.add(address.lower())
 
 
-def _validate_sites(sites, problems):
+def _validate_sites(sites: Any, problems: list[str]) -> None:
     if not isinstance(sites, list):
         problems.append("sites: must be a list.")
         return
-    seen = set()
+    seen: set[str] = set()
     for index, entry in enumerate(sites):
         where = f"sites[{index}]"
         if not isinstance(entry, dict):
@@ -131,15 +169,17 @@ def _validate_sites(sites, problems):
             problems.append(f"{where}.active: must be true or false.")
 
 
-def configuration_validate(*, data):
+def configuration_validate(*, data: Any) -> list[str]:
     """Every problem in ``data`` (a parsed file), each naming its entry; empty when valid."""
-    problems = []
+    problems: list[str] = []
     if not isinstance(data, dict):
-        return ["The file must contain a JSON object with keys smtp, lists, sites."]
-    for key in sorted(set(data) - {"smtp", "lists", "sites"}):
-        problems.append(f"{key}: unknown section (expected smtp, lists, sites).")
+        return [f"The file must contain a JSON object with keys {', '.join(SECTIONS)}."]
+    for key in sorted(set(data) - set(SECTIONS)):
+        problems.append(f"{key}: unknown section (expected {', '.join(SECTIONS)}).")
     if "smtp" in data and data["smtp"] is not None:
         _validate_smtp(data["smtp"], problems)
+    if "policies" in data:
+        _validate_policies(data["policies"], problems)
     if "lists" in data:
         _validate_lists(data["lists"], problems)
     if "sites" in data:
@@ -148,17 +188,29 @@ def configuration_validate(*, data):
 
 
 @transaction.atomic
-def configuration_import(*, data):
+def configuration_import(*, data: Any) -> dict[str, Any]:
     """Apply a configuration file; returns a summary of what changed. Raises ConfigFileError
     (and changes nothing) when the file is invalid."""
     problems = configuration_validate(data=data)
     if problems:
         raise ConfigFileError(problems)
-    summary = {"smtp": None, "lists_created": 0, "lists_updated": 0, "sites_created": 0, "sites_updated": 0}
+    summary: dict[str, Any] = {
+        "smtp": None,
+        "policies_created": 0,
+        "policies_updated": 0,
+        "lists_created": 0,
+        "lists_updated": 0,
+        "sites_created": 0,
+        "sites_updated": 0,
+    }
 
     smtp = data.get("smtp")
     if smtp:
         config = SmtpConfiguration.current() or SmtpConfiguration()
+        if not smtp.get("password"):
+            problem = smtp_password_kept_problem(stored=config, changes=smtp)
+            if problem:
+                raise ConfigFileError([f"smtp.password: {problem}"])
         summary["smtp"] = "updated" if config.pk else "created"
         for name in SMTP_FIELDS:
             if name == "password":
@@ -169,15 +221,22 @@ def configuration_import(*, data):
                 setattr(config, name, smtp[name])
         config.save()
 
+    for channel, values in data.get("policies", {}).items():
+        _, created = delivery_policy_store(channel=channel, values=values)
+        summary["policies_created" if created else "policies_updated"] += 1
+
+    existing = notification_lists_by_name(names=[entry["name"] for entry in data.get("lists", [])])
     for entry in data.get("lists", []):
-        notification_list = NotificationList.objects.filter(name__iexact=entry["name"]).first()
+        name = list_name_normalize(entry["name"])
+        notification_list = existing.get(entry["name"])
         if notification_list is None:
-            notification_list = NotificationList(name=entry["name"])
+            notification_list = NotificationList(name=name)
             summary["lists_created"] += 1
         else:
             summary["lists_updated"] += 1
-        notification_list.name = entry["name"]
+        notification_list.name = name
         notification_list.description = entry.get("description", notification_list.description)
+        notification_list.recipient_mode = entry.get("recipient_mode", notification_list.recipient_mode)
         notification_list.save()
         notification_list.email_recipients.all().delete()
         EmailRecipient.objects.bulk_create(
@@ -197,17 +256,20 @@ def configuration_import(*, data):
     return summary
 
 
-def configuration_export():
+def configuration_export() -> dict[str, Any]:
     """The current configuration in the file's shape, without secrets."""
-    data = {"smtp": None, "lists": [], "sites": []}
+    data: dict[str, Any] = {"smtp": None, "policies": {}, "lists": [], "sites": []}
     config = SmtpConfiguration.current()
     if config is not None:
         data["smtp"] = {name: getattr(config, name) for name in SMTP_FIELDS if name != "password"}
+    # Every channel's effective policy, stored or default: importing the file reproduces it.
+    data["policies"] = {channel: policy.as_dict() for channel, policy in delivery_policies_all().items()}
     for notification_list in NotificationList.objects.prefetch_related("email_recipients"):
         data["lists"].append(
             {
                 "name": notification_list.name,
                 "description": notification_list.description,
+                "recipient_mode": notification_list.recipient_mode,
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
             }
         )

@@ -1,4 +1,4 @@
-"""Dispatch (DESIGN §4): claim due notifications, deliver them, apply the results.
+"""Dispatch (docs/architecture.md): claim due notifications, deliver them, finish them.
 
 * **Claim.** Due rows are claimed in one short transaction (``FOR UPDATE SKIP LOCKED`` on
   PostgreSQL, so workers never wait for each other) by stamping a lease: ``claimed_by`` and
@@ -9,45 +9,93 @@
 * **Deliver.** Lists are resolved now, at delivery time; every attempt is recorded before the
   network call; delivery runs on a bounded thread pool through the adapter's session, which
   reuses connections across the batch.
-* **Apply.** Each row is finished with a conditional update — only if this worker still holds
-  it and its status is the one it claimed — so an operator's action or another worker's
-  re-claim after a lease expiry is never overwritten.
+* **Gate.** A channel whose endpoint is open (circuit breaker) or rate-limited is claimed
+  through its health row (notifications.health): an open endpoint gives no rows, or one
+  probe; a rate-limited one no more rows than its bucket has tokens. Rows left behind wait,
+  uncharged.
+* **Finish.** :func:`notifications_finish` is the one way a claimed row is finished. Each row
+  changes only if this worker still holds it and its status is the one it claimed, so an
+  operator's action or another worker's re-claim after a lease expiry is never overwritten.
+  What a failure leads to is the channel's delivery policy's rule (notifications.policies);
+  the outcomes also feed the channel's breaker.
+
+One time stands for an attempt: the moment it was recorded, just before its batch's deliveries
+start, on the database clock. It is the attempt's ``started_at`` and, once the attempt is
+finished, the row's ``last_attempt_at``; ``duration_ms`` is the adapter call's own duration.
 """
 
 import json
 import logging
 import os
+import random
 import socket
 import threading
 import time
 import uuid
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F, Q
-from django.utils import timezone
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
+from django.db.models import Case, F, Q, TextField, Value, When
 
+from notifications import db
 from notifications.adapters import adapter_for
-from notifications.adapters.base import DeliveryError, DeliveryResult
-from notifications.clock import database_now
-from notifications.models import DeliveryAttempt, Notification
+from notifications.adapters.base import (
+    CHANNEL_FAILURES,
+    HEALTHY_FAILURES,
+    Adapter,
+    DeliveryError,
+    DeliveryResult,
+    FailureClass,
+    Session,
+)
+from notifications.clock import DatabaseClock, database_clock, database_now
+from notifications.health import (
+    Channel,
+    channel_gate_open,
+    channel_gate_settle,
+    channel_gate_wait,
+    channel_health_record,
+    channels_refresh,
+    dispatch_channels,
+)
+from notifications.models import ChannelHealth, DeliveryAttempt, DispatchTimer, Notification
+from notifications.policies import delivery_expired_message, delivery_failure_decide, delivery_policy_default
 
 logger = logging.getLogger(__name__)
 Status = Notification.Status
 
-CLAIM_FIELDS = ("notification_id", "type", "list_name", "subject", "body", "type_data", "status",
-                "retry_count", "claimed_by", "claimed_until")  # fmt: skip
+# The columns delivery reads from a claimed row.
+CLAIM_FIELDS = (
+    "notification_id",
+    "type",
+    "list_name",
+    "subject",
+    "body",
+    "type_data",
+    "status",
+    "retry_count",
+    "channel_failures",
+    "created_at",
+    "requeued_at",
+    "claimed_by",
+    "claimed_until",
+)
+# The columns finishing an attempt writes.
+ATTEMPT_RESULT_FIELDS = ("duration_ms", "outcome", "failure_class", "error", "detail")
+MAX_ERROR_LENGTH = 4000
 
 
-def worker_id_new(prefix="dispatch"):
+def worker_id_new(prefix: str = "dispatch") -> str:
     """A worker id unique across hosts, processes and passes (fits ``claimed_by``)."""
     return f"{prefix}:{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def notifications_due_q(now):
+def notifications_due_q(now: datetime) -> Q:
     """The rule for "due": not terminal, its next attempt time has come, and no live lease.
 
     A Pending row with no next attempt time (created by hand) counts as due, never as lost.
@@ -59,104 +107,318 @@ def notifications_due_q(now):
     )
 
 
-def notifications_claim_due(*, worker_id, limit, now=None, lease_seconds=None):
-    """Claim up to ``limit`` due notifications for ``worker_id``, oldest due first.
+@dataclass
+class Claim:
+    """Rows claimed by one claim, oldest due first; ``probes``: the ids of those claimed as
+    their channel's probe."""
 
-    Returns the claimed rows (with the fields delivery needs). The claim is committed when
-    this returns; the lease lasts ``lease_seconds`` (default OUTBOX_LEASE_SECONDS).
+    rows: list[Notification]
+    probes: set[Any] = field(default_factory=set)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def notifications_claim_due(
+    *,
+    worker_id: str,
+    limit: int,
+    now: datetime | None = None,
+    lease_seconds: int | None = None,
+    channels: dict[str, Channel] | None = None,
+) -> Claim:
+    """Claim up to ``limit`` due notifications for ``worker_id``, oldest due first, taking no
+    more of a gated channel than its gate allows (open: none, or one probe; rate-limited: its
+    tokens). Returns the :class:`Claim`, committed when this returns.
+
+    The lease lasts ``lease_seconds`` (default OUTBOX_LEASE_SECONDS) from ``now`` (default: the
+    database clock). ``channels`` (default: read now) are the channels as the pass knows them.
     """
     now = now or database_now()
     until = now + timedelta(seconds=lease_seconds or settings.OUTBOX_LEASE_SECONDS)
+    if channels is None:
+        channels = dispatch_channels()
+    else:
+        channels_refresh(channels)
+    claim = Claim(rows=[])
     with transaction.atomic():
-        candidates = Notification.objects.filter(notifications_due_q(now)).order_by(
-            F("next_attempt_at").asc(nulls_first=True)
-        )
-        if connection.features.has_select_for_update_skip_locked:
-            candidates = candidates.select_for_update(skip_locked=True)
-        rows = list(candidates.only(*CLAIM_FIELDS)[:limit])
-        if rows:
-            Notification.objects.filter(pk__in=[row.pk for row in rows]).update(
+        gates = [
+            channel_gate_open(channel=channel, worker_id=worker_id, now=now, lease_until=until)
+            for channel in channels.values()
+            if channel.gated
+        ]
+        due = Notification.objects.filter(notifications_due_q(now))
+        oldest_first = F("next_attempt_at").asc(nulls_first=True)
+        free = due.exclude(type__in=[gate.channel.name for gate in gates]) if gates else due
+        claim.rows = list(db.lock_skipping_locked(free.order_by(oldest_first)).only(*CLAIM_FIELDS)[:limit])
+        for gate in gates:
+            room = min(gate.limit, limit - len(claim.rows))
+            taken: list[Notification] = []
+            if room > 0:
+                gated = due.filter(type=gate.channel.name).order_by(oldest_first)
+                taken = list(db.lock_skipping_locked(gated).only(*CLAIM_FIELDS)[:room])
+            channel_gate_settle(gate, taken=len(taken))
+            if gate.probe:
+                claim.probes.update(row.pk for row in taken)
+            claim.rows += taken
+        if claim.rows:
+            Notification.objects.filter(pk__in=[row.pk for row in claim.rows]).update(
                 claimed_by=worker_id, claimed_until=until
             )
-    for row in rows:
+    for row in claim.rows:
         row.claimed_by, row.claimed_until = worker_id, until
-    return rows
+    return claim
 
 
-@dataclass
+def notifications_expire(*, channels: dict[str, Channel], now: datetime | None = None) -> int:
+    """Park as expired every waiting row (Pending or Retrying, not under a live claim) older
+    than its channel's ``max_age_seconds`` — counted from the last operator Retry or Requeue
+    if there was one. Rows wait without attempts while their channel is open, so age is the
+    only thing that ends an outage's wait. Returns how many rows expired."""
+    now = now or database_now()
+    expired = 0
+    for channel in channels.values():
+        max_age = channel.policy.timing.max_age_seconds
+        if not max_age:
+            continue
+        cutoff = now - timedelta(seconds=max_age)
+        message = delivery_expired_message(policy=channel.policy)
+        expired += Notification.objects.filter(
+            Q(status__in=Notification.NON_TERMINAL)
+            & Q(type=channel.name)
+            & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+            & ((Q(requeued_at__isnull=True) & Q(created_at__lt=cutoff)) | Q(requeued_at__lt=cutoff))
+        ).update(
+            status=Notification.Status.PARKED,
+            next_attempt_at=None,
+            expired_at=now,
+            claimed_by="",
+            claimed_until=None,
+            last_error=Case(
+                When(last_error="", then=Value(message, output_field=TextField())),
+                default=db.TextConcat(Value(f"{message}; last error: ", output_field=TextField()), F("last_error")),
+                output_field=TextField(),
+            ),
+        )
+    return expired
+
+
+def dispatch_wake_at(*, channels: dict[str, Channel] | None = None, now: datetime | None = None) -> datetime | None:
+    """When a claim could next take a row: the earliest due time of a waiting row, put back to
+    when its channel lets it through (the next probe of an open endpoint, the next token of a
+    rate-limited one). None when nothing waits. Leases of crashed workers are left to the
+    sweep."""
+    now = now or database_now()
+    channels = dispatch_channels() if channels is None else channels
+    health = {(row.channel, row.endpoint): row for row in ChannelHealth.objects.all()}
+    unleased = Q(status__in=Notification.NON_TERMINAL) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+    wake: datetime | None = None
+    for channel in channels.values():
+        first = (
+            Notification.objects.filter(unleased, type=channel.name)
+            .order_by(F("next_attempt_at").asc(nulls_first=True))
+            .values_list("next_attempt_at", flat=True)[:1]
+        )
+        if not first:
+            continue
+        when = max(first[0] or now, now)
+        if channel.endpoint is not None:
+            when = max(
+                when, channel_gate_wait(channel=channel, health=health.get((channel.name, channel.endpoint)), now=now)
+            )
+        wake = when if wake is None else min(wake, when)
+    return wake
+
+
+def delivery_attempts_record(
+    *, worker_id: str, notifications: Sequence[Notification], now: datetime
+) -> dict[Any, DeliveryAttempt]:
+    """Record one in-progress attempt per claimed notification, started at ``now``, before any
+    network call: an attempt cut short by a crash stays in the audit as in progress. Returns
+    the attempts by notification id."""
+    attempts = DeliveryAttempt.objects.bulk_create(
+        [DeliveryAttempt(notification_id=row.pk, started_at=now, worker=worker_id[:64]) for row in notifications]
+    )
+    return {attempt.notification_id: attempt for attempt in attempts}
+
+
+@dataclass(frozen=True)
 class DeliveryOutcome:
     """What happened to one claimed notification. Exactly one of ``result`` / ``error`` is set,
-    unless the delivery was never started (``started`` False: the pass ran out of time)."""
+    unless the delivery was never started (``started`` False: the pass ran out of time or was
+    asked to stop)."""
 
     result: DeliveryResult | None = None
     error: DeliveryError | None = None
-    started_at: object = None
     duration_ms: int = 0
     started: bool = True
 
-    @property
-    def delivered(self):
-        return self.result is not None
 
-
-def notification_deliver(*, notification, targets, session):
+def notification_deliver(*, notification: Notification, targets: list[str], session: Session) -> DeliveryOutcome:
     """Deliver one notification through an open adapter session; never raises for delivery
     failures (they are returned as ``DeliveryOutcome.error``)."""
-    started_at = timezone.now()
     clock = time.monotonic()
+    result: DeliveryResult | None = None
+    error: DeliveryError | None = None
     try:
-        result, error = session.deliver(notification, targets), None
+        result = session.deliver(notification, targets)
     except DeliveryError as exc:
-        result, error = None, exc
+        error = exc
     except Exception as exc:  # a bug in an adapter must not kill the pass or lose the row
         logger.exception("adapter crashed delivering %s", notification.pk)
-        result, error = None, DeliveryError(f"Adapter error: {type(exc).__name__}: {exc}", permanent=False)
-    return DeliveryOutcome(result=result, error=error, started_at=started_at,
-                           duration_ms=int((time.monotonic() - clock) * 1000))  # fmt: skip
+        error = DeliveryError(f"Adapter error: {type(exc).__name__}: {exc}", failure_class=FailureClass.UNKNOWN)
+    return DeliveryOutcome(result=result, error=error, duration_ms=int((time.monotonic() - clock) * 1000))
 
 
-def notification_apply_result(*, notification, outcome, worker_id, policy, now=None):
-    """Finish one claimed notification with its delivery outcome (DESIGN §4).
+@dataclass(frozen=True)
+class Finish:
+    """One claimed notification to finish: the row as claimed, the attempt recorded for it,
+    what happened, its channel (policy and health) and whether it was the channel's probe."""
 
-    success → Delivered; transient → Retrying after the fixed interval, or Parked once
-    ``retry_count`` reaches the maximum ("retries exhausted"); permanent → Parked with the
-    reason. ``policy`` is the type's RetryPolicy (None: not configured, so never retried).
-    Returns True if the row was changed, False if this worker no longer holds it (an operator
-    or another worker got there first; their state stands).
+    notification: Notification
+    attempt: DeliveryAttempt
+    outcome: DeliveryOutcome
+    channel: Channel
+    probe: bool = False
+
+
+@dataclass
+class FinishReport:
+    """How many rows one :func:`notifications_finish` moved where. ``lost`` rows were no longer
+    held by the worker in the status it claimed (an operator or another worker got there
+    first; their state stands)."""
+
+    delivered: int = 0
+    retrying: int = 0
+    parked: int = 0
+    released: int = 0
+    lost: int = 0
+
+
+def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: datetime | None = None) -> FinishReport:
+    """Finish claimed notifications and their attempts with what happened, in one transaction,
+    then record the outcomes on their channels' health.
+
+    success → Delivered; failure → what the channel's policy decides
+    (:func:`~notifications.policies.delivery_failure_decide`: Retrying at a due time, or
+    Parked with the reason); never started → released (due again, its attempt deleted:
+    nothing was tried). ``now`` (default: the database clock) is when the results are
+    applied: ``delivered_at`` and the base of ``next_attempt_at``.
+
+    A row changes only while ``worker_id`` still holds it in the status it was claimed with;
+    otherwise it counts as lost and keeps the state someone else gave it. The attempts are
+    finished either way: they record what happened. Rows whose changes are identical share
+    one conditional UPDATE (in a healthy batch: every row delivered to the same list).
     """
-    changes, _ = _finish_changes(notification=notification, outcome=outcome, policy=policy, now=now or database_now())
-    updated = Notification.objects.filter(
-        pk=notification.pk, status=notification.status, claimed_by=worker_id
-    ).update(**changes)
-    return updated == 1
+    now = now or database_now()
+    report = FinishReport()
+    groups: dict[tuple[str, str, str], tuple[dict[str, Any], list[Any]]] = {}
+    finished, unstarted = [], []
+    by_channel: dict[str, tuple[Channel, list[str | None], list[str]]] = {}
+    for item in outcomes:
+        row, attempt = item.notification, item.attempt
+        seen = by_channel.setdefault(item.channel.name, (item.channel, [], []))
+        if not item.outcome.started:
+            changes: dict[str, Any] = {"claimed_by": "", "claimed_until": None}
+            kind = "released"
+            unstarted.append(attempt.pk)
+        else:
+            changes, kind = _finish_changes(notification=row, outcome=item.outcome, channel=item.channel, now=now)
+            changes["last_attempt_at"] = attempt.started_at
+            _attempt_finish(attempt, item.outcome, kind=kind, probe=item.probe)
+            finished.append(attempt)
+            error = item.outcome.error
+            seen[1].append(None if error is None else error.failure_class)
+            if error is not None and error.failure_class in CHANNEL_FAILURES:
+                seen[2].append(error.message)
+        # Text from remote servers (replies, refusals) must not make the transaction fail.
+        changes = db.storable(changes)
+        key = (row.status, kind, json.dumps(changes, sort_keys=True, default=str))
+        groups.setdefault(key, (changes, []))[1].append(row.pk)
+    with transaction.atomic():
+        for (claimed_status, kind, _), (changes, pks) in groups.items():
+            updated = Notification.objects.filter(pk__in=pks, status=claimed_status, claimed_by=worker_id).update(
+                **changes
+            )
+            setattr(report, kind, getattr(report, kind) + updated)
+            report.lost += len(pks) - updated
+        if unstarted:
+            DeliveryAttempt.objects.filter(pk__in=unstarted, outcome=DeliveryAttempt.Outcome.IN_PROGRESS).delete()
+        db.update_by_pk(finished, ATTEMPT_RESULT_FIELDS)
+    for channel, classes, messages in by_channel.values():
+        # A healthy channel without channel failures has nothing to record: no write, no lock.
+        if channel.endpoint is None or (channel.clean and not any(c in CHANNEL_FAILURES for c in classes)):
+            continue
+        channel_health_record(
+            channel=channel,
+            failure_classes=classes,
+            worker_id=worker_id,
+            now=now,
+            last_error=db.storable(messages[-1]) if messages else "",
+        )
+    return report
 
 
-def _finish_changes(*, notification, outcome, policy, now):
-    """The column changes that finish ``notification``, and what they amount to: "delivered",
-    "retrying" or "parked"."""
-    changes = {"claimed_by": "", "claimed_until": None, "last_attempt_at": outcome.started_at or now}
-    if outcome.delivered:
-        changes.update(status=Status.DELIVERED, delivered_at=now, next_attempt_at=None,
-                       resolved_targets=outcome.result.targets, last_error=outcome.result.warning)  # fmt: skip
+def _finish_changes(
+    *, notification: Notification, outcome: DeliveryOutcome, channel: Channel, now: datetime
+) -> tuple[dict[str, Any], str]:
+    """The column changes that finish ``notification`` after a started delivery, and what they
+    amount to: "delivered", "retrying" or "parked"."""
+    changes: dict[str, Any] = {"claimed_by": "", "claimed_until": None}
+    if outcome.result is not None:
+        changes.update(
+            status=Status.DELIVERED,
+            delivered_at=now,
+            next_attempt_at=None,
+            resolved_targets=outcome.result.targets,
+            last_error=outcome.result.warning,
+        )
         return changes, "delivered"
     error = outcome.error
+    assert error is not None, "a started delivery has a result or an error"
+    channel_failure = error.failure_class in CHANNEL_FAILURES
+    channel_failures = notification.channel_failures + (1 if channel_failure else 0)
     failed = notification.retry_count + 1
-    changes["retry_count"] = failed
+    decision = delivery_failure_decide(
+        policy=channel.policy,
+        failure_class=error.failure_class,
+        message=error.message,
+        row_failures=failed - channel_failures,
+        queued_at=notification.requeued_at or notification.created_at,
+        now=now,
+        rand=random.random(),
+    )
+    changes.update(
+        retry_count=failed,
+        channel_failures=channel_failures,
+        status=decision.status,
+        next_attempt_at=decision.next_attempt_at,
+        last_error=decision.last_error,
+    )
+    if decision.expired:
+        changes["expired_at"] = now
     if error.targets:
         changes["resolved_targets"] = error.targets
-    if error.permanent:
-        message = f"Permanent failure: {error.message}"
-    elif policy is None:
-        message = f"Permanent failure: type {notification.type!r} has no retry configuration: {error.message}"
-    elif failed >= policy.max_retries:
-        message = f"Retries exhausted ({failed} failed attempts): {error.message}"
-    else:
-        changes.update(status=Status.RETRYING, next_attempt_at=now + timedelta(seconds=policy.interval_seconds),
-                       last_error=f"Transient failure (attempt {failed} of {policy.max_retries}): "
-                                  f"{error.message}"[:4000])  # fmt: skip
-        return changes, "retrying"
-    changes.update(status=Status.PARKED, next_attempt_at=None, last_error=message[:4000])
-    return changes, "parked"
+    return changes, "retrying" if decision.status == Status.RETRYING else "parked"
+
+
+def _attempt_finish(attempt: DeliveryAttempt, outcome: DeliveryOutcome, *, kind: str, probe: bool) -> None:
+    attempt.duration_ms = outcome.duration_ms
+    if outcome.result is not None:
+        attempt.outcome = DeliveryAttempt.Outcome.SUCCESS
+        attempt.error = outcome.result.warning
+        attempt.detail = outcome.result.detail
+    elif outcome.error is not None:
+        error = outcome.error
+        attempt.outcome = DeliveryAttempt.Outcome.PERMANENT if kind == "parked" else DeliveryAttempt.Outcome.TRANSIENT
+        attempt.failure_class = error.failure_class
+        attempt.error = error.message[:MAX_ERROR_LENGTH]
+        attempt.detail = error.detail
+    if probe:
+        attempt.detail = {**attempt.detail, "probe": True}
+
+
+# --- the dispatch pass ------------------------------------------------------------------------
 
 
 @dataclass
@@ -167,45 +429,69 @@ class PassReport:
     parked: int = 0
     released: int = 0
     lost: int = 0  # finished by someone else meanwhile (lease expired and re-claimed, …)
+    expired: int = 0  # parked for their age before the pass claimed anything
     batches: int = 0
     seconds: float = 0.0
     more_due: bool = False  # stopped by the time budget or a stop request with rows still due
-    errors: dict = field(default_factory=dict)
 
-    def __str__(self):
-        return (f"claimed {self.claimed}, delivered {self.delivered}, retrying {self.retrying}, "
-                f"parked {self.parked}, released {self.released} in {self.seconds:.2f} s")  # fmt: skip
+    def add(self, finished: FinishReport) -> None:
+        for name in ("delivered", "retrying", "parked", "released", "lost"):
+            setattr(self, name, getattr(self, name) + getattr(finished, name))
+
+    def __str__(self) -> str:
+        return (
+            f"claimed {self.claimed}, delivered {self.delivered}, retrying {self.retrying}, "
+            f"parked {self.parked}, released {self.released}"
+            + (f", expired {self.expired}" if self.expired else "")
+            + f" in {self.seconds:.2f} s"
+        )
 
 
 class _TypeContext:
-    """Per pass and type: the adapter, its retry policy and an open session (or why not)."""
+    """Per pass and type: the adapter, its channel (policy and health) and an open session (or
+    why not)."""
 
-    def __init__(self, type_name):
-        self.policy, self.session, self.error = None, None, None
+    def __init__(self, type_name: str, channel: Channel | None) -> None:
+        self.adapter: Adapter | None = None
+        self.session: Session | None = None
+        self.error: DeliveryError | None = None
+        self.channel = channel or Channel(
+            name=type_name, endpoint=None, policy=delivery_policy_default(channel=type_name)
+        )
         try:
             self.adapter = adapter_for(type_name)
         except KeyError:
-            self.adapter = None
             # No adapter: nothing can deliver this type, now or later.
-            self.error = DeliveryError(f"No adapter is registered for type {type_name!r}.", permanent=True)
+            self.error = DeliveryError(
+                f"No adapter is registered for type {type_name!r}.", failure_class=FailureClass.CONFIGURATION
+            )
             return
-        self.policy = self.adapter.retry_policy()
         try:
             self.session = self.adapter.open_session()
         except DeliveryError as exc:
             self.error = exc
 
-    def close(self):
+    def close(self) -> None:
         if self.session is not None:
             self.session.close()
 
 
-def dispatch_pass(*, worker_id, time_budget, stop=None, batch_size=None, concurrency=None, progress=None):
-    """Claim and deliver batches until nothing is due, ``time_budget`` seconds have passed, or
-    ``stop`` (a threading.Event) is set. Returns a :class:`PassReport`.
+def dispatch_pass(
+    *,
+    worker_id: str,
+    time_budget: float,
+    stop: threading.Event | None = None,
+    batch_size: int | None = None,
+    concurrency: int | None = None,
+    progress: Callable[[PassReport], None] | None = None,
+) -> PassReport:
+    """Expire rows past their channel's maximum age, then claim and deliver batches until
+    nothing is due (or claimable), ``time_budget`` seconds have passed, or ``stop`` is set.
+    Returns a :class:`PassReport`.
 
-    No delivery starts after the budget (or after a batch's lease is close to expiry);
-    deliveries already started finish, and rows not started are released to be due again.
+    No delivery starts after the budget (or after a batch's lease is close to expiry, or after
+    its channel opened); deliveries already started finish, and rows not started are released
+    to be due again.
     """
     batch_size = batch_size or settings.OUTBOX_BATCH_SIZE
     concurrency = concurrency or settings.OUTBOX_CONCURRENCY
@@ -213,21 +499,27 @@ def dispatch_pass(*, worker_id, time_budget, stop=None, batch_size=None, concurr
     started = time.monotonic()
     deadline = started + time_budget
     report = PassReport()
-    contexts = {}
+    channels = dispatch_channels()
+    report.expired = notifications_expire(channels=channels)
+    contexts: dict[str, _TypeContext] = {}
     try:
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver") as pool:
             while not stop.is_set() and time.monotonic() < deadline:
-                rows = notifications_claim_due(worker_id=worker_id, limit=batch_size)
-                if not rows:
+                # The database clock, read once per batch: one query, not one per result.
+                clock = database_clock()
+                claim = notifications_claim_due(
+                    worker_id=worker_id, limit=batch_size, now=clock.now(), channels=channels
+                )
+                if not claim.rows:
                     break
                 report.batches += 1
-                report.claimed += len(rows)
-                _dispatch_batch(rows, worker_id=worker_id, pool=pool, contexts=contexts, stop=stop,
-                                deadline=deadline, report=report)  # fmt: skip
+                report.claimed += len(claim.rows)
+                batch = _Batch(worker_id=worker_id, clock=clock, contexts=contexts, channels=channels, report=report)
+                batch.run(claim, pool=pool, stop=stop, deadline=deadline)
                 if progress:
                     progress(report)
-                if len(rows) < batch_size:
-                    break  # drained; the next trigger or sweep picks up what arrives later
+                if len(claim.rows) < batch_size:
+                    break  # drained (or gated); the next trigger, wake-up or sweep takes what comes later
             else:
                 report.more_due = Notification.objects.filter(notifications_due_q(database_now())).exists()
     finally:
@@ -237,163 +529,219 @@ def dispatch_pass(*, worker_id, time_budget, stop=None, batch_size=None, concurr
     return report
 
 
-def _dispatch_batch(rows, *, worker_id, pool, contexts, stop, deadline, report):
-    lease_deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS
-    for row in rows:
-        if row.type not in contexts:
-            contexts[row.type] = _TypeContext(row.type)
+# --- waiting for the next due time ----------------------------------------------------------
 
-    # Resolve targets now (delivery time), one query per type.
-    plans = []  # (row, targets or None, early DeliveryError or None)
-    by_type = {}
-    for row in rows:
-        by_type.setdefault(row.type, []).append(row)
-    for type_name, typed_rows in by_type.items():
-        context = contexts[type_name]
-        resolved = {}
-        if context.error is None:
-            resolved = context.adapter.resolve_targets(list_names={row.list_name for row in typed_rows})
-        for row in typed_rows:
-            if context.error is not None:
-                plans.append((row, None, context.error))
-            elif row.list_name not in resolved:
-                # An unknown list cannot be guessed: fail closed.
-                plans.append((row, None, DeliveryError(f"Unknown notification list {row.list_name!r}.",
-                                                       permanent=True)))  # fmt: skip
-            elif not resolved[row.list_name]:
-                plans.append((row, None, DeliveryError(
-                    f"Notification list {row.list_name!r} has no {type_name} recipients.", permanent=True)))
-            else:
-                plans.append((row, resolved[row.list_name], None))
+# How often a waiting worker looks again for an earlier due time (an operator's Retry now, a
+# probe that became possible); a due time it knows of is slept to exactly.
+WAKE_POLL_SECONDS = 1.0
+# After a pass that found nothing to claim at a wake time (rows another worker took first).
+IDLE_PAUSE_SECONDS = 0.1
 
-    # Record every attempt before any network call.
-    now = timezone.now()
-    attempts = DeliveryAttempt.objects.bulk_create(
-        [DeliveryAttempt(notification_id=row.pk, started_at=now, worker=worker_id[:64]) for row, _, _ in plans]
-    )
-    attempt_for = {row.pk: attempt for (row, _, _), attempt in zip(plans, attempts)}
-    row_for = {row.pk: row for row, _, _ in plans}
 
-    # Stop starting deliveries well before the lease runs out, so a slow batch never overlaps
-    # a re-claim by another worker; the margin covers one delivery's network calls.
-    lease = settings.OUTBOX_LEASE_SECONDS
-    timeout_margin = max((getattr(c.session, "timeout", 10) for c in contexts.values()), default=10) * 4
-    start_by = min(deadline, lease_deadline - min(timeout_margin, lease / 2))
+def dispatch_timer_take(*, holder: str, seconds: float) -> bool:
+    """Become (or stay) the one worker that waits for due times, for ``seconds``; False while
+    another holds it. A lease: a waiter that dies frees it when its time is up."""
+    now = database_now()
+    until = now + timedelta(seconds=seconds)
+    free = Q(until__isnull=True) | Q(until__lt=now) | Q(holder=holder)
+    if DispatchTimer.objects.filter(free, pk=DispatchTimer.SINGLETON_PK).update(holder=holder[:64], until=until):
+        return True
+    try:
+        with transaction.atomic():
+            DispatchTimer.objects.create(pk=DispatchTimer.SINGLETON_PK, holder=holder[:64], until=until)
+    except IntegrityError:
+        return False  # it exists and someone else holds it
+    return True
 
-    def deliver(row, targets):
-        if stop.is_set() or time.monotonic() >= start_by:
-            return row.pk, DeliveryOutcome(started=False)
-        return row.pk, notification_deliver(notification=row, targets=targets, session=contexts[row.type].session)
 
-    early, futures = [], set()
-    for row, targets, error in plans:
-        if error is not None:
-            early.append((row.pk, DeliveryOutcome(error=error, started_at=now)))
-        else:
-            futures.add(pool.submit(deliver, row, targets))
-    # The database clock, read once per batch: one query per batch instead of one per result.
-    clock_offset = database_now() - timezone.now()
-    finish = dict(worker_id=worker_id, rows=row_for, attempts=attempt_for, contexts=contexts, report=report,
-                  clock_offset=clock_offset)  # fmt: skip
-    if early:
-        _apply_outcomes_durably(early, **finish)
-    # Apply results as deliveries complete, all that completed meanwhile in one transaction:
-    # a crash then re-delivers little more than what was in flight, and the batch stays cheap.
-    while futures:
-        done, futures = wait(futures, return_when=FIRST_COMPLETED)
-        if futures:
-            # Gather what completes within a few milliseconds more: one transaction (and one
-            # fsync) for many results, while the crash window stays this short.
-            more, futures = wait(futures, timeout=APPLY_WINDOW_SECONDS)
-            done |= more
-        _apply_outcomes_durably([future.result() for future in done], **finish)
+def dispatch_timer_release(*, holder: str) -> None:
+    """Give the waiting role back, if ``holder`` has it."""
+    DispatchTimer.objects.filter(pk=DispatchTimer.SINGLETON_PK, holder=holder[:64]).update(holder="", until=None)
+
+
+@dataclass
+class WaitReport:
+    """What :func:`dispatch_wait` did: ``held`` the waiting role (else another worker waits),
+    the passes it ran at wake times, and ``next_wake`` (when a claim could next take a row,
+    as known when it stopped; None when nothing waits)."""
+
+    held: bool = False
+    passes: list[PassReport] = field(default_factory=list)
+    next_wake: datetime | None = None
+    more_due: bool = False
+
+
+def dispatch_wait(
+    *, worker_id: str, time_budget: float, stop: threading.Event | None = None, **pass_options: Any
+) -> WaitReport:
+    """Wait for due times for at most ``time_budget`` seconds and run a pass at each, so that a
+    retry is attempted when it is due rather than at the next sweep. Only one worker waits at
+    a time (:func:`dispatch_timer_take`); the others return at once (``held`` False).
+
+    Returns when nothing waits any more, when the next wake time is beyond the budget, when
+    the budget is spent or ``stop`` is set. ``pass_options`` go to :func:`dispatch_pass`.
+    """
+    stop = stop or threading.Event()
+    report = WaitReport()
+    deadline = time.monotonic() + time_budget
+    if time_budget <= 0 or not dispatch_timer_take(holder=worker_id, seconds=time_budget + 5):
+        report.next_wake = dispatch_wake_at() if time_budget <= 0 else None
+        return report
+    report.held = True
+    try:
+        while not stop.is_set():
+            now = database_now()
+            report.next_wake = dispatch_wake_at(now=now)
+            left = deadline - time.monotonic()
+            if report.next_wake is None or left <= 0:
+                break
+            until_wake = (report.next_wake - now).total_seconds()
+            if until_wake > left:
+                break
+            if until_wake > 0:
+                stop.wait(min(until_wake, WAKE_POLL_SECONDS))
+                continue
+            passed = dispatch_pass(worker_id=worker_id, time_budget=left, stop=stop, **pass_options)
+            report.passes.append(passed)
+            if passed.more_due:
+                report.more_due = True
+                break
+            if passed.claimed == 0:
+                stop.wait(IDLE_PAUSE_SECONDS)
+    finally:
+        dispatch_timer_release(holder=worker_id)
+    return report
 
 
 # While the database is briefly unavailable (a failover, a restart), results of deliveries that
 # already happened are held and re-applied: dropping them would let the lease expire and the
 # message be sent a second time. Bounded well inside the lease.
 APPLY_RETRY_SECONDS = 0.5
+# Results that complete within this window of each other are applied together: one
+# transaction (and one fsync) for many results, while the crash window stays short.
 APPLY_WINDOW_SECONDS = 0.02
 
 
-def _apply_outcomes_durably(outcomes, **finish):
-    deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS / 2
-    while True:
-        try:
-            return _apply_outcomes(outcomes, **finish)
-        except (OperationalError, InterfaceError):
-            if time.monotonic() > deadline:
-                raise
-            logger.warning("database unavailable while recording %d results; retrying", len(outcomes))
-            connection.close()
-            time.sleep(APPLY_RETRY_SECONDS)
+@dataclass
+class _Batch:
+    """One claimed batch: resolve, record, deliver and finish its rows."""
 
+    worker_id: str
+    clock: DatabaseClock
+    contexts: dict[str, _TypeContext]
+    channels: dict[str, Channel]
+    report: PassReport
 
-def _apply_outcomes(outcomes, *, worker_id, rows, attempts, contexts, report, clock_offset=timedelta(0)):
-    """Finish rows and their attempts in one transaction. Rows with identical changes share one
-    conditional UPDATE (in a healthy batch: every row delivered to the same list)."""
-    now = timezone.now() + clock_offset
-    groups = {}
-    finished_attempts, unstarted = [], []
-    for pk, outcome in outcomes:
-        row = rows[pk]
-        if not outcome.started:
-            changes, kind = {"claimed_by": "", "claimed_until": None}, "released"
-            unstarted.append(attempts[pk].pk)
-        else:
-            changes, kind = _finish_changes(notification=row, outcome=outcome, policy=contexts[row.type].policy,
-                                            now=now)  # fmt: skip
-            changes["last_attempt_at"] = attempts[pk].started_at  # when the attempt was recorded
-            _attempt_finish(attempts[pk], outcome)
-            finished_attempts.append(attempts[pk])
-        key = (row.status, kind, json.dumps(changes, sort_keys=True, default=str))
-        groups.setdefault(key, (changes, []))[1].append(pk)
-    with transaction.atomic():
-        for (claimed_status, kind, _), (changes, pks) in groups.items():
-            updated = Notification.objects.filter(pk__in=pks, status=claimed_status, claimed_by=worker_id).update(
-                **changes
-            )
-            setattr(report, kind, getattr(report, kind) + updated)
-            report.lost += len(pks) - updated
-        if unstarted:
-            DeliveryAttempt.objects.filter(pk__in=unstarted).delete()
-        if finished_attempts:
-            _attempts_save(finished_attempts)
-
-
-ATTEMPT_FIELDS = ("started_at", "duration_ms", "outcome", "error", "detail")
-
-
-def _attempts_save(attempts):
-    """Write the finished attempts. On PostgreSQL one UPDATE … FROM jsonb_to_recordset: Django's
-    bulk_update builds a CASE per row and field, which cost more than the deliveries."""
-    if connection.vendor != "postgresql":
-        DeliveryAttempt.objects.bulk_update(attempts, list(ATTEMPT_FIELDS), batch_size=200)
-        return
-    document = json.dumps([
-        {"id": a.pk, "started_at": a.started_at.isoformat(), "duration_ms": a.duration_ms, "outcome": a.outcome,
-         "error": a.error, "detail": a.detail} for a in attempts
-    ])  # fmt: skip
-    table = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} AS a SET started_at = r.started_at, duration_ms = r.duration_ms, outcome = r.outcome, "
-            "error = r.error, detail = r.detail "
-            "FROM jsonb_to_recordset(%s::jsonb) AS r(id bigint, started_at timestamptz, duration_ms integer, "
-            "outcome text, error text, detail jsonb) WHERE a.id = r.id",
-            [document],
+    def run(self, claim: Claim, *, pool: ThreadPoolExecutor, stop: threading.Event, deadline: float) -> None:
+        rows = claim.rows
+        lease_deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS
+        for row in rows:
+            if row.type not in self.contexts:
+                self.contexts[row.type] = _TypeContext(row.type, self.channels.get(row.type))
+        plans = self._plan(rows)
+        attempts = delivery_attempts_record(
+            worker_id=self.worker_id, notifications=[row for row, _, _ in plans], now=self.clock.now()
         )
 
+        # Stop starting deliveries well before the lease runs out, so a slow batch never
+        # overlaps a re-claim by another worker; the margin covers one delivery's network calls.
+        lease = settings.OUTBOX_LEASE_SECONDS
+        timeout_margin = max((getattr(c.session, "timeout", 10) for c in self.contexts.values()), default=10) * 4
+        start_by = min(deadline, lease_deadline - min(timeout_margin, lease / 2))
 
-def _attempt_finish(attempt, outcome):
-    attempt.started_at = outcome.started_at or attempt.started_at
-    attempt.duration_ms = outcome.duration_ms
-    if outcome.delivered:
-        attempt.outcome = DeliveryAttempt.Outcome.SUCCESS
-        attempt.error = outcome.result.warning
-        attempt.detail = outcome.result.detail
-    else:
-        error = outcome.error
-        attempt.outcome = DeliveryAttempt.Outcome.PERMANENT if error.permanent else DeliveryAttempt.Outcome.TRANSIENT
-        attempt.error = error.message[:4000]
-        attempt.detail = error.detail
+        def finish(row: Notification, outcome: DeliveryOutcome) -> Finish:
+            return Finish(
+                notification=row,
+                attempt=attempts[row.pk],
+                outcome=outcome,
+                channel=self.contexts[row.type].channel,
+                probe=row.pk in claim.probes,
+            )
+
+        streaks: dict[str, int] = {}  # per type: channel failures in a row, as deliveries complete
+        streak_lock = threading.Lock()
+
+        def deliver(row: Notification, targets: list[str]) -> Finish:
+            context = self.contexts[row.type]
+            assert context.session is not None, "rows without a session are finished before delivery"
+            channel = context.channel
+            # An open channel takes no attempts but its probe, and neither does one that has
+            # just failed often enough to open (its results may not be recorded yet): rows wait.
+            with streak_lock:
+                failing = streaks.get(row.type, 0) >= channel.policy.breaker_threshold
+            if row.pk not in claim.probes and (channel.halted or failing):
+                return finish(row, DeliveryOutcome(started=False))
+            if stop.is_set() or time.monotonic() >= start_by:
+                return finish(row, DeliveryOutcome(started=False))
+            outcome = notification_deliver(notification=row, targets=targets, session=context.session)
+            failure = outcome.error.failure_class if outcome.error is not None else None
+            with streak_lock:
+                if failure in CHANNEL_FAILURES:
+                    streaks[row.type] = streaks.get(row.type, 0) + 1
+                elif failure is None or failure in HEALTHY_FAILURES:
+                    streaks[row.type] = 0
+            return finish(row, outcome)
+
+        early: list[Finish] = []
+        futures: set[Future[Finish]] = set()
+        for row, targets, error in plans:
+            if error is not None:
+                early.append(finish(row, DeliveryOutcome(error=error)))
+            else:
+                futures.add(pool.submit(deliver, row, targets))
+        if early:
+            self._finish_durably(early)
+        # Apply results as deliveries complete, all that completed meanwhile in one transaction:
+        # a crash then re-delivers little more than what was in flight, and the batch stays cheap.
+        while futures:
+            done, futures = wait(futures, return_when=FIRST_COMPLETED)
+            if futures:
+                more, futures = wait(futures, timeout=APPLY_WINDOW_SECONDS)
+                done |= more
+            self._finish_durably([future.result() for future in done])
+
+    def _plan(self, rows: list[Notification]) -> list[tuple[Notification, list[str], DeliveryError | None]]:
+        """Each row with its targets, resolved now (one query per type), or the error that
+        stops it before delivery."""
+        plans: list[tuple[Notification, list[str], DeliveryError | None]] = []
+        by_type: dict[str, list[Notification]] = {}
+        for row in rows:
+            by_type.setdefault(row.type, []).append(row)
+        for type_name, typed_rows in by_type.items():
+            context = self.contexts[type_name]
+            resolved: dict[str, list[str]] = {}
+            if context.error is None and context.adapter is not None:
+                resolved = context.adapter.resolve_targets(list_names={row.list_name for row in typed_rows})
+            for row in typed_rows:
+                if context.error is not None:
+                    plans.append((row, [], context.error))
+                elif row.list_name not in resolved:
+                    # An unknown list cannot be guessed: fail closed.
+                    error = DeliveryError(
+                        f"Unknown notification list {row.list_name!r}.", failure_class=FailureClass.CONFIGURATION
+                    )
+                    plans.append((row, [], error))
+                elif not resolved[row.list_name]:
+                    error = DeliveryError(
+                        f"Notification list {row.list_name!r} has no {type_name} recipients.",
+                        failure_class=FailureClass.CONFIGURATION,
+                    )
+                    plans.append((row, [], error))
+                else:
+                    plans.append((row, resolved[row.list_name], None))
+        return plans
+
+    def _finish_durably(self, outcomes: list[Finish]) -> None:
+        deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS / 2
+        while True:
+            try:
+                finished = notifications_finish(worker_id=self.worker_id, outcomes=outcomes, now=self.clock.now())
+            except (OperationalError, InterfaceError):
+                if time.monotonic() > deadline:
+                    raise
+                logger.warning("database unavailable while recording %d results; retrying", len(outcomes))
+                connection.close()
+                time.sleep(APPLY_RETRY_SECONDS)
+            else:
+                self.report.add(finished)
+                return

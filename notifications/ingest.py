@@ -1,81 +1,150 @@
 """Ingest: validate what a site submits and persist it exactly once.
 
+The contract is written here once: which fields a submission has, which are required, their
+length limits (the model's columns) and the site rule. The API's OpenAPI description is
+generated from the same declarations (notifications.api), and a test holds the two together.
+
 The notification id is the idempotency key. A row is inserted with ``INSERT … ON CONFLICT DO
 NOTHING`` in autocommit mode, so when this module answers "created" the row is committed.
 An id that already exists is a replay when the same site sent the same content (same
 fingerprint), and an idempotency conflict otherwise; neither changes the stored row.
 """
 
+import dataclasses
 import hashlib
 import json
 import math
 import uuid
-import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from datetime import timezone as dt_timezone
-from functools import cache
+from datetime import UTC, datetime
 from types import SimpleNamespace
+from typing import Any, cast
 
-from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, transaction
-from django.utils import timezone
+from django.db import transaction
 
+from notifications import db
 from notifications.adapters import ADAPTER_PATHS
+from notifications.email_content import email_type_data_measured, email_type_data_validate
+from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
 from notifications.models import Notification
-from notifications.tasks import dispatch_request
+from notifications.trigger import dispatch_request
 
-MAX_LENGTHS = {
-    "list_name": 200,
-    "subject": 255,
-    "body": 100_000,
-    "source_instance_id": 200,
-    "source_script": 200,
-    "source_site_id": 64,
-}
+DEFAULT_TYPE = "email"
 MAX_TYPE_DATA_BYTES = 65_536
-SINGLE_LINE_FIELDS = ("list_name", "subject", "source_instance_id", "source_script", "source_site_id")
-ACCEPTED_FIELDS = frozenset(
-    {"notification_id", "type", "list_name", "subject", "body", "type_data",
-     "source_instance_id", "source_script", "site_enqueued_at", "source_site_id"}
-)  # fmt: skip
+MAX_TYPE_DATA_DEPTH = 20
 INSERT_CHUNK = 500
-# What a new row starts with, as SQL (PostgreSQL insert); the same values as _row_for().
-NEW_ROW_SQL = {
-    "status": "'Pending'", "retry_count": "0", "last_error": "''", "resolved_targets": "'[]'::jsonb",
-    "claimed_by": "''", "claimed_until": "NULL", "last_attempt_at": "NULL", "delivered_at": "NULL",
-}  # fmt: skip
-DOCUMENT_TEXT_COLUMNS = ("type", "list_name", "subject", "body", "source_site_id", "source_instance_id",
-                         "source_script", "fingerprint")  # fmt: skip
+# Per type, what its own type_data fields must satisfy (problems per field, e.g.
+# "type_data.cc[0]"), and what of type_data the size limit counts (email's attachment contents
+# have a bound of their own, OUTBOX_MAX_ATTACHMENT_BYTES).
+TYPE_DATA_VALIDATORS: dict[str, Callable[[Mapping[str, Any]], dict[str, list[str]]]] = {
+    "email": email_type_data_validate,
+}
+TYPE_DATA_MEASURED: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "email": email_type_data_measured,
+}
+
+
+def column_max_length(name: str) -> int:
+    """The longest value the ``name`` column of a notification holds: the field's
+    ``max_length``, or for the body (a TextField, which has none) ``Notification.BODY_MAX_LENGTH``."""
+    limit = cast(Any, Notification._meta.get_field(name)).max_length
+    return Notification.BODY_MAX_LENGTH if limit is None else int(limit)
+
+
+@dataclass(frozen=True)
+class TextRule:
+    """How one text field of a submission is checked. ``default`` is the value of an optional
+    field that is omitted or null; ``blank`` says whether an all-whitespace value is allowed;
+    ``max_length`` is the column's."""
+
+    name: str
+    required: bool
+    single_line: bool = True
+    blank: bool = True
+    default: str | None = ""
+    # Applied to a string value before it is checked and stored (e.g. Unicode normal form).
+    normalize: Callable[[str], str] | None = None
+    # A further check of the (normalized) value: a problem, or None.
+    check: Callable[[str], str | None] | None = None
+    max_length: int = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_length", column_max_length(self.name))
+
+
+TEXT_RULES = (
+    TextRule("list_name", required=True, blank=False, normalize=list_name_normalize, check=list_name_problem),
+    TextRule("subject", required=True),
+    TextRule("body", required=True, single_line=False),
+    TextRule("source_instance_id", required=False),
+    TextRule("source_script", required=False),
+    # Optional; when given it must be the key's site (see notification_validate).
+    TextRule("source_site_id", required=False, default=None),
+)
+
+INVALID = "invalid"
+SITE_MISMATCH = "site_mismatch"
+SITE_MISMATCH_DETAIL = "source_site_id does not match the site of the API key."
 
 
 @dataclass(frozen=True)
 class NotificationInput:
-    """One validated submission."""
+    """One validated submission: exactly the columns a site provides, by attribute name.
+    ``source_site_id`` is the submitting key's site (validation has checked any value the site
+    sent against it)."""
 
     notification_id: uuid.UUID
     type: str
     list_name: str
     subject: str
     body: str
-    type_data: dict
+    type_data: dict[str, Any]
     source_instance_id: str
     source_script: str
-    site_enqueued_at: datetime | None  # None: the site did not say; central uses "now"
-    source_site_id: str | None
+    site_enqueued_at: datetime | None  # None: the site did not say; central uses the ingest time
+    source_site_id: str
     fingerprint: str = dataclasses.field(init=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         """The fingerprint is the sha256 of the content; two submissions with one id must
         agree on it. Fields are joined with NUL, which validation keeps out of every field,
-        so two different submissions cannot produce the same joined text."""
+        so two different submissions cannot produce the same joined text. The site is not
+        part of it: a replay is judged against the stored row's site separately."""
         parts = (
-            self.type, self.list_name, self.subject, self.body,
+            self.type,
+            self.list_name,
+            self.subject,
+            self.body,
             json.dumps(self.type_data, sort_keys=True, separators=(",", ":")) if self.type_data else "{}",
-            self.source_instance_id, self.source_script,
+            self.source_instance_id,
+            self.source_script,
             self.site_enqueued_at.isoformat() if self.site_enqueued_at else "",
-        )  # fmt: skip
+        )
         object.__setattr__(self, "fingerprint", hashlib.sha256("\x00".join(parts).encode()).hexdigest())
+
+
+# A submission's fields are the input's, less what central computes.
+ACCEPTED_FIELDS = frozenset(f.name for f in dataclasses.fields(NotificationInput) if f.init)
+# The columns a new row takes from the input; every other column starts at its model default.
+SUBMITTED_COLUMNS = tuple(f.name for f in dataclasses.fields(NotificationInput))
+# Ingest time, on the database clock: when the row was created and first due; also the site's
+# enqueue time when the site did not say.
+INGEST_TIME_COLUMNS = ("created_at", "next_attempt_at")
+INGEST_TIME_IF_MISSING = ("site_enqueued_at",)
+_DEFAULTED_FIELDS = tuple(
+    f for f in Notification._meta.concrete_fields if f.attname not in {*SUBMITTED_COLUMNS, *INGEST_TIME_COLUMNS}
+)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a submission is refused. ``error`` is "invalid", or "site_mismatch" when it names
+    another site than the key's; ``errors`` holds the messages per field."""
+
+    error: str
+    detail: str
+    errors: dict[str, list[str]]
 
 
 @dataclass(frozen=True)
@@ -85,29 +154,38 @@ class IngestOutcome:
 
     notification_id: uuid.UUID
     result: str
-    notification: object
+    notification: Any
 
 
-def _text_problem(value, field):
+def _text_problem(value: object, rule: TextRule) -> str | None:
     if not isinstance(value, str):
         return "Must be a string."
     if "\x00" in value:
         return "Must not contain NUL characters."
-    if field in SINGLE_LINE_FIELDS and ("\r" in value or "\n" in value):
-        return "Must not contain line breaks (CR or LF)."
+    if rule.single_line:
+        if "\r" in value or "\n" in value:
+            return "Must not contain line breaks (CR or LF)."
+        # Other controls (VT, FF, ESC …) are no safer in a mail header or a console cell: a
+        # downstream re-serialisation can turn them into line breaks.
+        problem = text_control_problem(value)
+        if problem:
+            return problem
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         return "Must be valid Unicode (no unpaired surrogates)."
-    limit = MAX_LENGTHS[field]
-    if len(value) > limit:
-        return f"Must be at most {limit} characters (got {len(value)})."
+    if len(value) > rule.max_length:
+        return f"Must be at most {rule.max_length} characters (got {len(value)})."
+    if not rule.blank and not value.strip():
+        return "Must not be blank."
+    if rule.check is not None:
+        return rule.check(value)
     return None
 
 
-def _json_problem(value, depth=0):
+def _json_problem(value: object, depth: int = 0) -> str | None:
     """A problem with a type_data value (nested), or None."""
-    if depth > 20:
+    if depth > MAX_TYPE_DATA_DEPTH:
         return "Is nested too deeply."
     if isinstance(value, str):
         if "\x00" in value:
@@ -131,7 +209,7 @@ def _json_problem(value, depth=0):
     return None
 
 
-def _parse_timestamp(value):
+def _parse_timestamp(value: object) -> datetime | str:
     """An aware UTC datetime, or a string saying what is wrong."""
     if not isinstance(value, str):
         return "Must be an ISO-8601 timestamp string."
@@ -142,23 +220,23 @@ def _parse_timestamp(value):
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         return "Must include a timezone (e.g. a trailing Z for UTC)."
     try:
-        return parsed.astimezone(dt_timezone.utc)
+        return parsed.astimezone(UTC)
     except (OverflowError, ValueError):
         return "Is out of range."
 
 
-def notification_validate(data):
-    """Validate one submitted object.
+def notification_validate(data: object, *, site_id: str) -> tuple[NotificationInput, None] | tuple[None, Rejection]:
+    """Validate one object submitted with the key of site ``site_id``.
 
-    Returns ``(NotificationInput, None)`` when valid, else ``(None, errors)`` where errors maps
-    each offending field to a list of messages.
+    Returns ``(NotificationInput, None)`` when valid, else ``(None, Rejection)``. A valid
+    object whose optional ``source_site_id`` is not ``site_id`` is rejected as
+    "site_mismatch" (the API answers 403); any other problem is "invalid" (400).
     """
     if not isinstance(data, dict):
-        return None, {"non_field_errors": ["Each notification must be a JSON object."]}
-    errors = {}
+        return None, rejection_invalid({"non_field_errors": ["Each notification must be a JSON object."]})
+    errors: dict[str, list[str]] = {}
 
-    unknown = sorted(set(data) - ACCEPTED_FIELDS)
-    for name in unknown:
+    for name in sorted(set(data) - ACCEPTED_FIELDS, key=str):
         errors[str(name)[:100]] = ["Unknown field."]
 
     raw_id = data.get("notification_id")
@@ -173,43 +251,43 @@ def notification_validate(data):
         except ValueError:
             errors["notification_id"] = ["Must be a valid UUID."]
 
-    type_name = data.get("type") if data.get("type") is not None else "email"
+    type_name = data.get("type")
+    if type_name is None:
+        type_name = DEFAULT_TYPE
     if not isinstance(type_name, str) or type_name not in ADAPTER_PATHS:
         known = ", ".join(sorted(ADAPTER_PATHS))
         errors["type"] = [f"Unknown notification type {str(type_name)[:40]!r}; known types: {known}."]
 
-    values = {}
-    for field, required, default in (
-        ("list_name", True, None),
-        ("subject", True, None),
-        ("body", True, None),
-        ("source_instance_id", False, ""),
-        ("source_script", False, ""),
-        ("source_site_id", False, None),
-    ):
-        if field not in data or data[field] is None:
-            if required:
-                errors[field] = ["This field is required."]
-            values[field] = default
+    texts: dict[str, str | None] = {}
+    for rule in TEXT_RULES:
+        value = data.get(rule.name)
+        if value is None:
+            if rule.required:
+                errors[rule.name] = ["This field is required."]
+            texts[rule.name] = rule.default
             continue
-        problem = _text_problem(data[field], field)
+        if rule.normalize is not None and isinstance(value, str):
+            value = rule.normalize(value)
+        problem = _text_problem(value, rule)
         if problem:
-            errors[field] = [problem]
-        values[field] = data[field]
-    if "list_name" not in errors and not values["list_name"].strip():
-        errors["list_name"] = ["Must not be blank."]
+            errors[rule.name] = [problem]
+        texts[rule.name] = value
 
-    type_data = data.get("type_data", {})
+    type_data = data.get("type_data")
     if type_data is None:
         type_data = {}
     if not isinstance(type_data, dict):
         errors["type_data"] = ["Must be a JSON object."]
     else:
+        typed = type_name if isinstance(type_name, str) and type_name in ADAPTER_PATHS else None
         problem = _json_problem(type_data)
-        if not problem and len(json.dumps(type_data)) > MAX_TYPE_DATA_BYTES:
+        measured = TYPE_DATA_MEASURED[typed](type_data) if typed in TYPE_DATA_MEASURED else type_data
+        if not problem and len(json.dumps(measured)) > MAX_TYPE_DATA_BYTES:
             problem = f"Must be at most {MAX_TYPE_DATA_BYTES} bytes as JSON."
         if problem:
             errors["type_data"] = [problem]
+        elif typed in TYPE_DATA_VALIDATORS:
+            errors.update(TYPE_DATA_VALIDATORS[typed](type_data))
 
     site_enqueued_at = None
     if data.get("site_enqueued_at") is not None:
@@ -220,48 +298,65 @@ def notification_validate(data):
             site_enqueued_at = parsed
 
     if errors:
-        return None, errors
+        return None, rejection_invalid(errors)
+    if texts["source_site_id"] is not None and texts["source_site_id"] != site_id:
+        return None, Rejection(
+            error=SITE_MISMATCH,
+            detail=SITE_MISMATCH_DETAIL,
+            errors={"source_site_id": ["Does not match the site of the API key."]},
+        )
+    assert notification_id is not None
     return (
         NotificationInput(
             notification_id=notification_id,
             type=type_name,
-            list_name=values["list_name"],
-            subject=values["subject"],
-            body=values["body"],
+            list_name=cast(str, texts["list_name"]),
+            subject=cast(str, texts["subject"]),
+            body=cast(str, texts["body"]),
             type_data=type_data,
-            source_instance_id=values["source_instance_id"],
-            source_script=values["source_script"],
+            source_instance_id=cast(str, texts["source_instance_id"]),
+            source_script=cast(str, texts["source_script"]),
             site_enqueued_at=site_enqueued_at,
-            source_site_id=values["source_site_id"],
+            source_site_id=site_id,
         ),
         None,
     )
 
 
-def notifications_ingest(*, site_id, inputs):
+def rejection_invalid(errors: dict[str, list[str]]) -> Rejection:
+    """The rejection of input with these problems per field."""
+    return Rejection(error=INVALID, detail="Invalid input.", errors=errors)
+
+
+def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -> list[IngestOutcome]:
     """Persist validated submissions from one site; one outcome per input, in order.
 
     Every row reported "created" is committed before this returns. Repeated ids within
     ``inputs`` are judged against the first occurrence, exactly as a later replay would be.
     """
-    first_by_id = {}
+    first_by_id: dict[uuid.UUID, NotificationInput] = {}
     for item in inputs:
         first_by_id.setdefault(item.notification_id, item)
 
     rows = [_row_for(item, site_id=site_id) for item in first_by_id.values()]
-    inserted = {}
+    inserted: dict[uuid.UUID, datetime] = {}
     for start in range(0, len(rows), INSERT_CHUNK):
-        inserted.update(_insert_ignoring_conflicts(rows[start : start + INSERT_CHUNK]))
+        inserted.update(
+            db.insert_ignoring_conflicts(
+                Notification,
+                rows[start : start + INSERT_CHUNK],
+                stamped=INGEST_TIME_COLUMNS,
+                stamped_if_null=INGEST_TIME_IF_MISSING,
+            )
+        )
 
     if inserted:
         transaction.on_commit(dispatch_request)  # coalesced; costs this request no query
     created_rows = {}
     for row in rows:
-        created_at = inserted.get(row["notification_id"])
-        if created_at is not None:
-            row["created_at"] = row["next_attempt_at"] = created_at
-            row["site_enqueued_at"] = row["site_enqueued_at"] or created_at
-            created_rows[row["notification_id"]] = SimpleNamespace(**row)
+        ingest_time = inserted.get(row["notification_id"])
+        if ingest_time is not None:
+            created_rows[row["notification_id"]] = _created(row, ingest_time)
     existing = {}
     missing = [nid for nid in first_by_id if nid not in inserted]
     if missing:
@@ -270,12 +365,12 @@ def notifications_ingest(*, site_id, inputs):
     outcomes = []
     for item in inputs:
         nid = item.notification_id
-        row = created_rows.get(nid)
-        if row is not None:
+        created = created_rows.get(nid)
+        if created is not None:
             if item is first_by_id[nid]:
-                outcomes.append(IngestOutcome(nid, "created", row))
-            elif row.fingerprint == item.fingerprint:
-                outcomes.append(IngestOutcome(nid, "replayed", row))
+                outcomes.append(IngestOutcome(nid, "created", created))
+            elif created.fingerprint == item.fingerprint:
+                outcomes.append(IngestOutcome(nid, "replayed", created))
             else:
                 outcomes.append(IngestOutcome(nid, "conflict", None))
             continue
@@ -291,126 +386,32 @@ def notifications_ingest(*, site_id, inputs):
     return outcomes
 
 
-def _row_for(item, *, site_id):
-    """The new row's column values by attribute name (model instances cost ~50 µs each).
-    The ingest time is left to the insert (the database's clock)."""
-    return {
-        "notification_id": item.notification_id,
-        "type": item.type,
-        "list_name": item.list_name,
-        "subject": item.subject,
-        "body": item.body,
-        "type_data": item.type_data,
-        "status": Notification.Status.PENDING.value,
-        "retry_count": 0,
-        "last_error": "",
-        "resolved_targets": [],
-        "source_site_id": site_id,
-        "source_instance_id": item.source_instance_id,
-        "source_script": item.source_script,
-        "site_enqueued_at": item.site_enqueued_at,
-        "created_at": None,
-        "last_attempt_at": None,
-        "next_attempt_at": None,
-        "delivered_at": None,
-        "claimed_by": "",
-        "claimed_until": None,
-        "fingerprint": item.fingerprint,
-    }
+def _row_for(item: NotificationInput, *, site_id: str) -> dict[str, Any]:
+    """The submitted columns of the new row (plain values: a model instance per row would
+    cost more than the insert). The ingest time is left to the insert (the database's clock)."""
+    row = {name: getattr(item, name) for name in SUBMITTED_COLUMNS}
+    row["source_site_id"] = site_id
+    return row
 
 
-def _insert_ignoring_conflicts(rows):
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id; {id: created_at} of the rows it inserted.
-
-    Runs as one statement in autocommit mode (outside any transaction of ours), so the
-    insert is committed when it returns. PostgreSQL makes a concurrent inserter of the same
-    id wait for the first one's commit, which is what lets replays be judged exactly.
-    Django's bulk_create(ignore_conflicts=True) cannot say which rows it inserted.
-
-    On PostgreSQL the ingest time (``created_at``, the first ``next_attempt_at`` and a missing
-    ``site_enqueued_at``) is the database's clock, as are all dispatch times, so a web process
-    whose clock is off never schedules a row into the future or past.
-    """
-    if not rows:
-        return {}
-    meta = Notification._meta
-    fields = meta.concrete_fields
-    if connection.vendor == "postgresql":
-        # The whole chunk travels as one JSON document expanded by jsonb_to_recordset:
-        # binding 20 values per row as separate parameters costs more than the insert itself.
-        document = [
-            {
-                **{name: row[name] for name in DOCUMENT_TEXT_COLUMNS},
-                "notification_id": str(row["notification_id"]),
-                "type_data": row["type_data"],
-                "site_enqueued_at": row["site_enqueued_at"].isoformat() if row["site_enqueued_at"] else None,
-            }
-            for row in rows
-        ]
-        sql = _postgresql_insert_sql()
-        params = [json.dumps(document, ensure_ascii=False)]
-    else:
-        # SQLite is embedded: the web process and the database share one clock.
-        now = timezone.now()
-        quote = connection.ops.quote_name
-        columns = ", ".join(quote(f.column) for f in fields)
-        table, pk = quote(meta.db_table), quote(meta.pk.column)
-        one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
-        sql = (
-            f"INSERT INTO {table} ({columns}) VALUES {', '.join([one_row] * len(rows))} "
-            f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}"
-        )
-        clock = {"created_at": now, "next_attempt_at": now}
-        defaults = {f.attname: f.get_default() for f in fields if f.attname not in rows[0]}
-        params = []
-        for row in rows:
-            values = dict(row, **clock, site_enqueued_at=row["site_enqueued_at"] or now)
-            params.extend(
-                field.get_db_prep_save(values.get(field.attname, defaults.get(field.attname)), connection)
-                for field in fields
-            )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return {value if isinstance(value, uuid.UUID) else uuid.UUID(value): now for (value,) in cursor.fetchall()}
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return {value: created_at for value, created_at in cursor.fetchall()}
+def _created(row: dict[str, Any], ingest_time: datetime) -> SimpleNamespace:
+    """The attributes of a row just inserted: the submitted columns, the ingest times, and every
+    other column at its model default (as the insert wrote them)."""
+    values = {field.attname: field.get_default() for field in _DEFAULTED_FIELDS}
+    values.update(row)
+    values.update(dict.fromkeys(INGEST_TIME_COLUMNS, ingest_time))
+    for name in INGEST_TIME_IF_MISSING:
+        if values[name] is None:
+            values[name] = ingest_time
+    return SimpleNamespace(**values)
 
 
-@cache
-def _postgresql_insert_sql():
-    """The INSERT … SELECT FROM jsonb_to_recordset statement; built once (db_type() per field
-    per request cost more than the rest of the Python side of an ingest)."""
-    meta = Notification._meta
-    fields = meta.concrete_fields
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    table, pk = quote(meta.db_table), quote(meta.pk.column)
-    from_document = {"notification_id", "type_data", "site_enqueued_at", *DOCUMENT_TEXT_COLUMNS}
-    definitions = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields if f.column in from_document)
-    computed = {
-        "created_at": "statement_timestamp()",
-        "next_attempt_at": "statement_timestamp()",
-        "site_enqueued_at": f"COALESCE(r.{quote('site_enqueued_at')}, statement_timestamp())",
-        **NEW_ROW_SQL,
-    }
-    missing = [f.column for f in fields if f.column not in computed and f.column not in from_document]
-    if missing:
-        raise ImproperlyConfigured(f"ingest does not know how to fill new Notification columns: {missing}")
-    selects = ", ".join(computed.get(f.column, f"r.{quote(f.column)}") for f in fields)
-    return (
-        f"INSERT INTO {table} ({columns}) SELECT {selects} "
-        f"FROM jsonb_to_recordset(%s::jsonb) AS r({definitions}) "
-        f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}, {quote('created_at')}"
-    )
+def _iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
 
 
-def _iso(value):
-    return value.astimezone(dt_timezone.utc).isoformat().replace("+00:00", "Z") if value else None
-
-
-def notification_status_record(notification):
-    """The status record of DESIGN §3, as a JSON-ready dict."""
+def notification_status_record(notification: Any) -> dict[str, Any]:
+    """The status record (docs/api.md), as a JSON-ready dict."""
     return {
         "notification_id": str(notification.notification_id),
         "type": notification.type,

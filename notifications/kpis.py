@@ -1,35 +1,46 @@
-"""Delivery KPIs (DESIGN §6), computed on demand from the notifications table.
+"""Delivery KPIs (docs/operations.md), computed on demand.
 
-One aggregate statement grouped by source site gives every figure; the global figures are
-sums (and the minimum age) of the per-site ones. It reads only open rows (Pending, Retrying,
-Parked) and rows delivered within the interval, each half from a partial index, so it stays
-fast on a table that is mostly delivered history.
+One aggregate statement grouped by source site gives the per-site figures; the global figures
+are sums (and the minimum age) of the per-site ones. It reads only open rows (Pending,
+Retrying, Parked) and rows delivered within the interval, each half from a partial index, so
+it stays fast on a table that is mostly delivered history. Two small queries add the failed
+attempts of the interval by failure class (a partial index of failed attempts) and the
+channels whose circuit breaker is open (a table of one row per channel endpoint).
 """
 
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 from django.conf import settings
 from django.db.models import Count, DateTimeField, Min, Q, Value
 from django.utils import timezone
 
-from notifications.models import Notification
+from notifications.adapters.base import FailureClass
+from notifications.health import channels_unhealthy
+from notifications.models import DeliveryAttempt, Notification
 
 Status = Notification.Status
-KEYS = ("queue_depth", "stuck", "parked", "delivered_last_interval", "oldest_pending_age_seconds")
+COUNTS = ("queue_depth", "stuck", "parked", "expired", "delivered_last_interval")
 
 
-def kpis_compute(*, now=None):
-    """``{"global": {...}, "per_site": {site_id: {...}}, "computed_at": iso}``; each figure set
-    holds queue_depth (Pending + Retrying), stuck (non-terminal and older than
-    OUTBOX_STUCK_AGE), parked, delivered_last_interval (within OUTBOX_KPI_INTERVAL) and
-    oldest_pending_age_seconds (the oldest non-terminal notification's age; None when none)."""
+def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
+    """``{"global": {...}, "per_site": {site_id: {...}}, "channels": [...], "computed_at": iso}``.
+
+    Each figure set holds queue_depth (Pending + Retrying), stuck (non-terminal and older than
+    OUTBOX_STUCK_AGE), parked, expired (the parked ones that were parked for their age),
+    delivered_last_interval (within OUTBOX_KPI_INTERVAL) and oldest_pending_age_seconds (the
+    oldest non-terminal notification's age; None when none). The global set also holds
+    failures_last_interval: failed attempts within the interval, per failure class (every
+    class, 0 included). ``channels``: the open or half-open channel endpoints
+    (notifications.health.channels_unhealthy), empty when all are healthy."""
     now = now or timezone.now()
     stuck_before = now - timedelta(seconds=settings.OUTBOX_STUCK_AGE)
     since = now - timedelta(seconds=settings.OUTBOX_KPI_INTERVAL)
     non_terminal = Q(status__in=Notification.NON_TERMINAL)
     # One statement, two halves, each answered from a small partial index alone (index-only
     # scans; migration 0005): the open rows (Pending, Retrying, Parked) and the rows delivered
-    # within the interval. counting an indexed column, not the pk, which would need the table itself.
+    # within the interval. Counting an indexed column, not the pk, which would need the table itself.
     open_rows = (
         Notification.objects.filter(status__in=[*Notification.NON_TERMINAL, Status.PARKED])
         .values("source_site_id")
@@ -37,6 +48,7 @@ def kpis_compute(*, now=None):
             queue_depth=Count("created_at", filter=non_terminal),
             stuck=Count("created_at", filter=non_terminal & Q(created_at__lt=stuck_before)),
             parked=Count("created_at", filter=Q(status=Status.PARKED)),
+            expired=Count("created_at", filter=Q(status=Status.PARKED, expired_at__isnull=False)),
             delivered_last_interval=Value(0),
             oldest=Min("created_at", filter=non_terminal),
         )
@@ -46,37 +58,57 @@ def kpis_compute(*, now=None):
         Notification.objects.filter(status=Status.DELIVERED, delivered_at__gte=since)
         .values("source_site_id")
         .annotate(
-            queue_depth=Value(0), stuck=Value(0), parked=Value(0), delivered_last_interval=Count("delivered_at"),
+            queue_depth=Value(0),
+            stuck=Value(0),
+            parked=Value(0),
+            expired=Value(0),
+            delivered_last_interval=Count("delivered_at"),
             oldest=Value(None, output_field=DateTimeField()),
         )
         .order_by()
-    )  # fmt: skip
-    merged = {}
-    for row in open_rows.union(delivered, all=True):
-        site = merged.setdefault(row["source_site_id"], {**dict.fromkeys(KEYS[:-1], 0), "oldest": None})
-        for key in KEYS[:-1]:
-            site[key] += row[key]
-        if row["oldest"] is not None and (site["oldest"] is None or row["oldest"] < site["oldest"]):
-            site["oldest"] = row["oldest"]
-    rows = [{"source_site_id": site_id, **figures} for site_id, figures in merged.items()]
-    per_site = {}
-    overall = dict.fromkeys(KEYS[:-1], 0)
-    oldest_overall = None
-    for row in rows:
-        oldest = row.pop("oldest")
-        site_id = row.pop("source_site_id")
-        per_site[site_id] = {**row, "oldest_pending_age_seconds": _age(now, oldest)}
-        for key in overall:
-            overall[key] += row[key]
-        if oldest is not None and (oldest_overall is None or oldest < oldest_overall):
-            oldest_overall = oldest
+    )
+    counts: dict[str, dict[str, int]] = {}
+    oldest: dict[str, datetime | None] = {}
+    for row in cast(Iterable[dict[str, Any]], open_rows.union(delivered, all=True)):
+        site_id = row["source_site_id"]
+        figures = counts.setdefault(site_id, dict.fromkeys(COUNTS, 0))
+        for key in COUNTS:
+            figures[key] += row[key]
+        oldest[site_id] = _earliest(oldest.get(site_id), row["oldest"])
+    per_site = {
+        site_id: {**figures, "oldest_pending_age_seconds": _age(now, oldest[site_id])}
+        for site_id, figures in counts.items()
+    }
+    overall: dict[str, Any] = {key: sum(figures[key] for figures in counts.values()) for key in COUNTS}
+    oldest_overall = min((then for then in oldest.values() if then is not None), default=None)
     overall["oldest_pending_age_seconds"] = _age(now, oldest_overall)
+    overall["failures_last_interval"] = _failures_since(since)
     return {
         "global": overall,
         "per_site": dict(sorted(per_site.items())),
+        "channels": channels_unhealthy(queue_depth=overall["queue_depth"]),
         "computed_at": now.isoformat().replace("+00:00", "Z"),
     }
 
 
-def _age(now, then):
+def _failures_since(since: datetime) -> dict[str, int]:
+    """Failed attempts started at or after ``since``, per failure class (0 for the absent)."""
+    counts = dict.fromkeys(FailureClass.values, 0)
+    rows = (
+        DeliveryAttempt.objects.filter(started_at__gte=since)
+        .exclude(failure_class="")
+        .values("failure_class")
+        .annotate(count=Count("started_at"))
+        .order_by()
+    )
+    for row in rows:
+        counts[row["failure_class"]] = row["count"]
+    return counts
+
+
+def _earliest(first: datetime | None, second: datetime | None) -> datetime | None:
+    return min((then for then in (first, second) if then is not None), default=None)
+
+
+def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else round(max(0.0, (now - then).total_seconds()), 3)

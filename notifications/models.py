@@ -1,28 +1,44 @@
-"""The outbox: one durable audit row per notification, its delivery attempts, and the
-delivery configuration (notification lists and the SMTP server)."""
+"""The outbox: one durable audit row per notification, its delivery attempts, the delivery
+configuration (notification lists, the SMTP server, delivery policies) and the state workers
+share about channels (their health) and about dispatch timing."""
 
 import uuid
+from typing import Any
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
 from notifications.adapters import TYPE_CHOICES
+from notifications.adapters.base import FailureClass
+from notifications.backoff import STRATEGIES
 from notifications.fields import EncryptedTextField
+
+
+class NotificationStatus(models.TextChoices):
+    """Where a notification is in its life: Pending and Retrying wait for delivery; Delivered,
+    Parked and Discarded are terminal. Also ``Notification.Status``."""
+
+    PENDING = "Pending"
+    RETRYING = "Retrying"
+    DELIVERED = "Delivered"
+    PARKED = "Parked"
+    DISCARDED = "Discarded"
+
+
+# Defined beside the class, not in it: the model's Meta (indexes, constraints) needs them too.
+NON_TERMINAL = (NotificationStatus.PENDING, NotificationStatus.RETRYING)
+TERMINAL = (NotificationStatus.DELIVERED, NotificationStatus.PARKED, NotificationStatus.DISCARDED)
 
 
 class Notification(models.Model):
     """One notification raised at a site. Never edited by hand; deleted only by the purge."""
 
-    class Status(models.TextChoices):
-        PENDING = "Pending"
-        RETRYING = "Retrying"
-        DELIVERED = "Delivered"
-        PARKED = "Parked"
-        DISCARDED = "Discarded"
-
-    NON_TERMINAL = (Status.PENDING, Status.RETRYING)
-    TERMINAL = (Status.DELIVERED, Status.PARKED, Status.DISCARDED)
+    Status = NotificationStatus
+    NON_TERMINAL = NON_TERMINAL
+    TERMINAL = TERMINAL
+    BODY_MAX_LENGTH = 100_000  # the body is a TextField, which has no max_length; ingest enforces this
 
     notification_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     type = models.CharField(max_length=32, choices=TYPE_CHOICES, default="email")
@@ -32,7 +48,10 @@ class Notification(models.Model):
     type_data = models.JSONField(default=dict, blank=True)
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    retry_count = models.PositiveIntegerField(default=0)
+    retry_count = models.PositiveIntegerField(default=0)  # failed attempts
+    # Of those, the ones that were the channel's fault (connection, timeout, auth, throttled):
+    # they never count against the policy's max_attempts.
+    channel_failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
     resolved_targets = models.JSONField(default=list, blank=True)
 
@@ -55,6 +74,15 @@ class Notification(models.Model):
     # sha256 of the submitted content; a replay must match it (idempotency).
     fingerprint = models.CharField(max_length=64)
 
+    # Operator actions. The policy's maximum age counts from the last operator Retry or
+    # Requeue when there was one (else from created_at): a row an operator sent back must not
+    # expire again at once.
+    requeued_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)  # parked because it grew too old
+    discarded_at = models.DateTimeField(null=True, blank=True)
+    discarded_by = models.CharField(max_length=150, blank=True)  # a username, kept if the user goes
+    discard_reason = models.TextField(blank=True)
+
     class Meta:
         ordering = ["-created_at"]
         indexes = [
@@ -63,39 +91,34 @@ class Notification(models.Model):
             models.Index(
                 fields=["next_attempt_at"],
                 name="notif_due_idx",
-                condition=models.Q(status__in=["Pending", "Retrying"]),
+                condition=models.Q(status__in=list(NON_TERMINAL)),
             ),
             # KPIs and the console: per-status and per-site counts, newest first.
             models.Index(fields=["status", "created_at"], name="notif_status_created_idx"),
-            models.Index(
-                fields=["source_site_id", "status", "created_at"], name="notif_site_status_idx"
-            ),
+            models.Index(fields=["source_site_id", "status", "created_at"], name="notif_site_status_idx"),
             models.Index(fields=["-created_at"], name="notif_created_idx"),
             # "Delivered in the last interval".
             models.Index(
                 fields=["delivered_at"],
                 name="notif_delivered_idx",
-                condition=models.Q(status="Delivered"),
+                condition=models.Q(status=NotificationStatus.DELIVERED),
             ),
         ]
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(status__in=["Pending", "Retrying", "Delivered", "Parked", "Discarded"]),
+                condition=models.Q(status__in=NotificationStatus.values),
                 name="notif_status_valid",
             ),
             models.CheckConstraint(condition=models.Q(retry_count__gte=0), name="notif_retry_count_nonneg"),
         ]
         permissions = [
-            ("retry_notification", "Can retry parked notifications"),
-            ("discard_notification", "Can discard parked notifications"),
+            ("retry_notification", "Can retry parked notifications and retry waiting ones now"),
+            ("discard_notification", "Can discard queued or parked notifications"),
+            ("requeue_notification", "Can requeue discarded notifications"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.notification_id} {self.status} {self.subject[:40]}"
-
-    @property
-    def is_terminal(self):
-        return self.status in self.TERMINAL
 
 
 class DeliveryAttempt(models.Model):
@@ -111,28 +134,59 @@ class DeliveryAttempt(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.IN_PROGRESS)
+    failure_class = models.CharField(max_length=32, choices=FailureClass.choices, blank=True)
     error = models.TextField(blank=True)
     detail = models.JSONField(default=dict, blank=True)  # adapter detail, e.g. SMTP reply code
     worker = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["started_at"]
+        indexes = [
+            # KPIs: failures per class within the interval, from a small index alone.
+            models.Index(
+                fields=["started_at", "failure_class"],
+                name="attempt_failure_idx",
+                condition=~models.Q(failure_class=""),
+            ),
+        ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.notification_id} {self.outcome} at {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+class RecipientMode(models.TextChoices):
+    """How the members of a list are addressed by email. Also ``NotificationList.RecipientMode``."""
+
+    BCC = "bcc", "Bcc: one message, no member sees another"
+    INDIVIDUAL = "individual", "Individual: one message per member"
+    TO = "to", "To: one message, every member sees all the others"
 
 
 class NotificationList(models.Model):
     """A named set of targets; resolved when a notification is delivered, not when ingested."""
 
+    RecipientMode = RecipientMode
+
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
+    recipient_mode = models.CharField(
+        max_length=16,
+        choices=RecipientMode.choices,
+        default=RecipientMode.BCC,
+        help_text=(
+            "How email reaches the members. Bcc (the default): one message whose visible To: is "
+            '"undisclosed-recipients"; every member is an envelope recipient and none sees '
+            "another's address. Individual: one message per member, addressed to that member "
+            "alone, each with its own outcome. To: one message listing every member in To: (all "
+            "members see each other; use only where that is wanted)."
+        ),
+    )
 
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(Lower("name"), name="notification_list_name_ci_unique")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name
 
 
@@ -146,12 +200,13 @@ class EmailRecipient(models.Model):
             models.UniqueConstraint("notification_list", Lower("email"), name="email_recipient_unique_per_list")
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.email
 
 
 class SmtpConfiguration(models.Model):
-    """The single SMTP server email is delivered through; also holds the email retry policy."""
+    """The single SMTP server email is delivered through; also holds email's retry timing for
+    installations without an email delivery policy."""
 
     class Security(models.TextChoices):
         NONE = "none", "None (plain SMTP)"
@@ -167,6 +222,7 @@ class SmtpConfiguration(models.Model):
     password = EncryptedTextField(blank=True, help_text="Stored encrypted; never exported or shown.")
     from_address = models.EmailField()
     timeout_seconds = models.PositiveIntegerField(default=10)
+    # Email's retry timing while no delivery policy for email is stored (DeliveryPolicy).
     max_retries = models.PositiveIntegerField(default=10)
     retry_interval_seconds = models.PositiveIntegerField(default=60)
 
@@ -179,14 +235,139 @@ class SmtpConfiguration(models.Model):
             models.CheckConstraint(condition=models.Q(timeout_seconds__gte=1), name="smtp_timeout_positive"),
         ]
 
-    def save(self, *args, **kwargs):
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port} ({self.security})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
         self.pk = self.SINGLETON_PK
         super().save(*args, **kwargs)
 
     @classmethod
-    def current(cls):
+    def current(cls) -> "SmtpConfiguration | None":
         """The configuration, or None when email delivery has not been configured."""
         return cls.objects.filter(pk=cls.SINGLETON_PK).first()
 
-    def __str__(self):
-        return f"{self.host}:{self.port} ({self.security})"
+
+STRATEGY_CHOICES = [(name, name) for name in STRATEGIES]
+
+
+def default_retry_on() -> list[str]:
+    """Retried by default: the channel's failures, the provider's temporary errors and the
+    unexplained; parked at once: rejected recipients or content and configuration problems."""
+    return [
+        FailureClass.CONNECTION,
+        FailureClass.TIMEOUT,
+        FailureClass.AUTH,
+        FailureClass.THROTTLED,
+        FailureClass.PROVIDER_ERROR,
+        FailureClass.UNKNOWN,
+    ]
+
+
+class DeliveryPolicy(models.Model):
+    """How one channel retries, gives up, protects itself and paces its sending
+    (docs/architecture.md). A channel without a row uses its adapter's default."""
+
+    channel = models.CharField(max_length=32, choices=TYPE_CHOICES, unique=True)
+    strategy = models.CharField(max_length=16, choices=STRATEGY_CHOICES, default="fixed")
+    interval_seconds = models.PositiveIntegerField(default=60, help_text="The base delay between attempts.")
+    max_interval_seconds = models.PositiveIntegerField(default=0, help_text="Cap of the delay; 0: no cap.")
+    jitter = models.FloatField(
+        default=0.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="0–1: up to this fraction of each delay is taken away at random.",
+    )
+    max_attempts = models.PositiveIntegerField(
+        default=10, help_text="Failed attempts before parking (channel failures do not count); 0: unlimited."
+    )
+    max_age_seconds = models.PositiveIntegerField(
+        default=0, help_text="Undelivered rows older than this park as expired; 0: never."
+    )
+    retry_on = models.JSONField(default=default_retry_on, blank=True, help_text="Failure classes that are retried.")
+    breaker_threshold = models.PositiveIntegerField(
+        default=5, validators=[MinValueValidator(1)], help_text="Consecutive channel failures that open the channel."
+    )
+    breaker_cooldown_seconds = models.PositiveIntegerField(
+        default=30, validators=[MinValueValidator(1)], help_text="Wait before the first probe of an open channel."
+    )
+    breaker_max_cooldown_seconds = models.PositiveIntegerField(
+        default=600,
+        validators=[MinValueValidator(1)],
+        help_text="The wait doubles after each failed probe, up to this.",
+    )
+    rate_per_minute = models.PositiveIntegerField(
+        default=0, help_text="Most deliveries started per minute, across all workers; 0: no limit."
+    )
+
+    class Meta:
+        verbose_name = "delivery policy"
+        verbose_name_plural = "delivery policies"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(jitter__gte=0, jitter__lte=1), name="policy_jitter_range"),
+            models.CheckConstraint(condition=models.Q(strategy__in=STRATEGIES), name="policy_strategy_valid"),
+            models.CheckConstraint(
+                condition=models.Q(breaker_threshold__gte=1, breaker_cooldown_seconds__gte=1),
+                name="policy_breaker_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(breaker_max_cooldown_seconds__gte=models.F("breaker_cooldown_seconds")),
+                name="policy_breaker_cooldown_order",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel}: {self.strategy}"
+
+
+class ChannelHealth(models.Model):
+    """The circuit breaker (and rate bucket) of one channel endpoint, shared by every worker
+    through the database; written only by notifications.health."""
+
+    class State(models.TextChoices):
+        CLOSED = "closed", "closed"
+        OPEN = "open", "open"
+        HALF_OPEN = "half_open", "half open"
+
+    channel = models.CharField(max_length=32, choices=TYPE_CHOICES)
+    endpoint = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.CLOSED)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    last_failure_class = models.CharField(max_length=32, choices=FailureClass.choices, blank=True)
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    cooldown_seconds = models.PositiveIntegerField(default=0)
+    probe_after = models.DateTimeField(null=True, blank=True)
+    probe_claimed_by = models.CharField(max_length=64, blank=True)
+    probe_claimed_until = models.DateTimeField(null=True, blank=True)
+    probes = models.PositiveIntegerField(default=0)  # probes started since the channel opened
+    rate_tokens = models.FloatField(default=0.0)
+    rate_refilled_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "channel health"
+        verbose_name_plural = "channel health"
+        ordering = ["channel", "endpoint"]
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "endpoint"], name="channel_health_unique_endpoint"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} {self.endpoint}: {self.state}"
+
+
+class DispatchTimer(models.Model):
+    """Who waits for the next due time (a lease): one dispatch task at a time sleeps until the
+    next retry is due, so waiting never ties up more than one worker."""
+
+    SINGLETON_PK = 1
+
+    holder = models.CharField(max_length=64, blank=True)
+    until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="dispatch_timer_singleton")]
+
+    def __str__(self) -> str:
+        return f"{self.holder or 'nobody'} until {self.until}"

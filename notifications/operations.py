@@ -1,113 +1,293 @@
-"""Operator actions on the outbox (Retry, Discard) and the SMTP "send test email" check.
+"""Operator actions on the outbox (docs/operations.md) and the SMTP "send test email" check
+(through the email adapter, so the check and delivery cannot disagree).
 
-Retry and Discard touch only Parked rows. Each is one transaction: lock the selected rows that
-are still Parked, then change them with an update that repeats the status condition, so a
-dispatcher finishing a row or a second operator acting at the same moment can never be
+| action    | from                        | to                                      |
+|-----------|-----------------------------|-----------------------------------------|
+| Retry     | Parked                      | Pending, counters reset, due now        |
+| Retry now | Retrying                    | Retrying, due now                       |
+| Discard   | Pending, Retrying or Parked | Discarded, with who, when and why       |
+| Requeue   | Discarded                   | Pending, counters reset, due now        |
+
+Each is one transaction: lock the selected rows that are still in a status the action applies
+to and not under a live claim (a row being delivered right now is skipped, never changed
+under the worker's feet), then change them with an update that repeats both conditions, so a
+dispatcher finishing a row or a second operator acting at the same moment is never
 overwritten (the loser sees the row as skipped). Every changed row gets an admin history entry
-naming the user.
+naming the user; Retry, Retry now and Requeue then ask for a dispatch at once.
 """
 
-import smtplib
-import ssl
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from email.message import EmailMessage
-from email.utils import make_msgid
+from typing import Any, NamedTuple
 
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
 from django.db import transaction
+from django.db.models import Q
 
+from notifications.adapters.base import CHANNEL_FAILURES, DeliveryError
+from notifications.adapters.email import email_send_test
 from notifications.clock import database_now
-from notifications.models import Notification
+from notifications.health import channel_health_probe_soon
+from notifications.models import Notification, SmtpConfiguration
+from notifications.policies import delivery_policy_for
+from notifications.trigger import dispatch_request
 
 Status = Notification.Status
+User = AbstractBaseUser | AnonymousUser | None
+DISCARDABLE = (Status.PENDING, Status.RETRYING, Status.PARKED)
+MAX_REASON_LENGTH = 2000
 
 
-def _parked_transition(*, notification_ids, user, changes, message):
-    """Apply ``changes`` to those of ``notification_ids`` that are Parked; returns
-    ``(changed, skipped)`` where skipped counts every other id (not Parked, or not found)."""
+class ActionResult(NamedTuple):
+    """``changed``: rows the action changed; ``skipped``: the other ids given (in another
+    status, under a live claim, or unknown)."""
+
+    changed: int
+    skipped: int
+
+
+def _transition(
+    *,
+    notification_ids: Iterable[Any],
+    user: User,
+    from_statuses: tuple[str, ...],
+    changes: dict[str, Any],
+    message: Callable[[str], str],
+    dispatch: bool,
+) -> ActionResult:
+    """Apply ``changes`` to those of ``notification_ids`` that are in ``from_statuses`` and not
+    under a live claim. ``message(status before)`` goes to the admin history; ``dispatch``: ask
+    for a dispatch once committed."""
     notification_ids = list(dict.fromkeys(notification_ids))
     with transaction.atomic():
+        now = database_now()
+        applies = Q(status__in=from_statuses) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
         # FOR UPDATE (PostgreSQL) makes a concurrent dispatcher or operator wait for us, then
         # see the new status; on SQLite the IMMEDIATE transaction already serialises writers.
-        parked = list(
+        rows = list(
             Notification.objects.select_for_update()
-            .filter(pk__in=notification_ids, status=Status.PARKED)
+            .filter(applies, pk__in=notification_ids)
             .only("notification_id", "status", "subject")
         )
-        changed = Notification.objects.filter(
-            pk__in=[n.pk for n in parked], status=Status.PARKED
-        ).update(**changes)
-        if parked and user is not None:
-            LogEntry.objects.log_actions(user_id=user.pk, queryset=parked, action_flag=CHANGE, change_message=message)
-    return changed, len(notification_ids) - changed
+        values = {name: (now if value is _NOW else value) for name, value in changes.items()}
+        changed = Notification.objects.filter(applies, pk__in=[row.pk for row in rows]).update(**values)
+        if rows and user is not None and user.is_authenticated:
+            by_status: dict[str, list[Notification]] = {}
+            for row in rows:
+                by_status.setdefault(row.status, []).append(row)
+            for status, group in by_status.items():
+                LogEntry.objects.log_actions(
+                    user_id=user.pk,
+                    queryset=group,
+                    action_flag=CHANGE,
+                    change_message=message(status),
+                )
+        if changed and dispatch:
+            transaction.on_commit(dispatch_request)
+    return ActionResult(changed=changed, skipped=len(notification_ids) - changed)
 
 
-def notification_retry(*, notification_ids, user):
-    """Parked → Pending for the given ids, with retry count reset and the next attempt due now.
-    Returns ``(changed, skipped)``; rows that are not Parked are skipped, never changed."""
-    return _parked_transition(
+class _Now:
+    """Stands for the database's "now" of the action's transaction in a changes mapping."""
+
+
+_NOW = _Now()
+
+
+def notification_retry(*, notification_ids: Iterable[Any], user: User) -> ActionResult:
+    """Retry: Parked → Pending for the given ids, due now, with the retry counters reset and the
+    maximum age counted from now. Rows that are not Parked are skipped, never changed."""
+    return _transition(
         notification_ids=notification_ids,
         user=user,
+        from_statuses=(Status.PARKED,),
         changes={
             "status": Status.PENDING,
             "retry_count": 0,
-            "next_attempt_at": database_now(),
+            "channel_failures": 0,
+            "next_attempt_at": _NOW,
+            "requeued_at": _NOW,
+            "expired_at": None,
             "claimed_by": "",
             "claimed_until": None,
         },
-        message="Retried by operator: Parked → Pending (retry count and next attempt reset).",
+        message=lambda status: "Retried by operator: Parked → Pending (retry count and next attempt reset).",
+        dispatch=True,
     )
 
 
-def notification_discard(*, notification_ids, user):
-    """Parked → Discarded for the given ids; the rows are kept for audit. Returns
-    ``(changed, skipped)``; rows that are not Parked are skipped, never changed."""
-    return _parked_transition(
+def notification_retry_now(*, notification_ids: Iterable[Any], user: User) -> ActionResult:
+    """Retry now: a Retrying row's next attempt is due now (its counters stay). Rows that are not
+    Retrying, or are being delivered right now, are skipped. While the row's channel is open
+    the row still waits for the channel's probe."""
+    return _transition(
         notification_ids=notification_ids,
         user=user,
-        changes={"status": Status.DISCARDED, "next_attempt_at": None, "claimed_by": "", "claimed_until": None},
-        message="Discarded by operator: Parked → Discarded.",
+        from_statuses=(Status.RETRYING,),
+        changes={"next_attempt_at": _NOW},
+        message=lambda status: "Retried now by operator: the next attempt of a Retrying notification is due now.",
+        dispatch=True,
     )
+
+
+# The stored password is only ever sent to the server it was entered for.
+SMTP_DESTINATION_FIELDS = ("host", "port", "security")
+
+
+def smtp_password_kept_problem(*, stored: SmtpConfiguration | None, changes: dict[str, Any]) -> str | None:
+    """Why the stored SMTP password may not be kept with ``changes`` (new values by field
+    name), or None. It may not when a password is stored and the changes move it to another
+    server (host, port or security): whoever changes the destination must know the password,
+    or the next connection (a test email, say) would hand it to a server of their choosing."""
+    if stored is None or stored.pk is None or not stored.password:
+        return None
+    moved = [name for name in SMTP_DESTINATION_FIELDS if name in changes and changes[name] != getattr(stored, name)]
+    if not moved:
+        return None
+    return (
+        f"Re-enter the password (or remove it): the {', '.join(moved)} changed, and the stored password is only "
+        "ever sent to the server it was entered for."
+    )
+
+
+def notification_discard(*, notification_ids: Iterable[Any], user: User, reason: str) -> ActionResult:
+    """Discard: Pending, Retrying or Parked → Discarded, with who, when and ``reason`` stored on
+    the row (which is kept for audit). Rows in another status, or being delivered right now,
+    are skipped. ValueError when ``reason`` is blank."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("A reason is required to discard notifications.")
+    username = user.get_username() if user is not None and user.is_authenticated else ""
+    return _transition(
+        notification_ids=notification_ids,
+        user=user,
+        from_statuses=DISCARDABLE,
+        changes={
+            "status": Status.DISCARDED,
+            "next_attempt_at": None,
+            "claimed_by": "",
+            "claimed_until": None,
+            "discarded_at": _NOW,
+            "discarded_by": username[:150],
+            "discard_reason": reason[:MAX_REASON_LENGTH],
+        },
+        message=lambda status: f"Discarded by operator: {status} → Discarded. Reason: {reason[:MAX_REASON_LENGTH]}",
+        dispatch=False,
+    )
+
+
+def notification_requeue(*, notification_ids: Iterable[Any], user: User) -> ActionResult:
+    """Requeue: Discarded → Pending for the given ids, due now, with the retry counters reset and
+    the discard record cleared (the history keeps it). Other rows are skipped."""
+    return _transition(
+        notification_ids=notification_ids,
+        user=user,
+        from_statuses=(Status.DISCARDED,),
+        changes={
+            "status": Status.PENDING,
+            "retry_count": 0,
+            "channel_failures": 0,
+            "next_attempt_at": _NOW,
+            "requeued_at": _NOW,
+            "expired_at": None,
+            "discarded_at": None,
+            "discarded_by": "",
+            "discard_reason": "",
+            "claimed_by": "",
+            "claimed_until": None,
+        },
+        message=lambda status: "Requeued by operator: Discarded → Pending (retry count and next attempt reset).",
+        dispatch=True,
+    )
+
+
+# --- the SMTP configuration ------------------------------------------------------------------
+
+
+def smtp_configuration_changed(**kwargs: Any) -> None:
+    """``post_save`` handler of the SMTP configuration: an open email channel is probed at once,
+    so that a fixed password or relay does not wait out a long cool-down."""
+    channel_health_probe_soon(channel="email")
 
 
 @dataclass(frozen=True)
 class SmtpTestResult:
+    """``ok``: the server accepted the test message. ``reply``: its answer (code and text), or
+    the failure as delivery would classify it, saying what delivery would then do."""
+
     ok: bool
-    reply: str  # the server's answer (code and text), or the error that stopped the exchange
+    reply: str
 
 
-def smtp_configuration_send_test(*, config, to):
-    """Send one test message through ``config`` to ``to``; returns an :class:`SmtpTestResult`
-    carrying the server's final reply to the message, or the failure that prevented it."""
-    message = EmailMessage()
-    message["From"] = config.from_address
-    message["To"] = to
-    message["Subject"] = "Outbox SMTP test"
-    message["Message-ID"] = make_msgid(domain="outbox")
-    message.set_content("This is a test message from the Outbox administration console.")
-    smtp_class = smtplib.SMTP_SSL if config.security == config.Security.TLS else smtplib.SMTP
-    kwargs = {"context": ssl.create_default_context()} if config.security == config.Security.TLS else {}
+def smtp_configuration_send_test(*, config: SmtpConfiguration, to: str) -> SmtpTestResult:
+    """Send one test message through ``config`` to ``to`` with the email adapter, exactly as a
+    delivery goes; returns an :class:`SmtpTestResult`."""
     try:
-        with smtp_class(config.host, config.port, timeout=config.timeout_seconds, **kwargs) as smtp:
-            smtp.ehlo_or_helo_if_needed()
-            if config.security == config.Security.STARTTLS:
-                smtp.starttls(context=ssl.create_default_context())
-                smtp.ehlo()
-            if config.username:
-                smtp.login(config.username, config.password)
-            code, text = smtp.mail(config.from_address)
-            if code != 250:
-                return SmtpTestResult(False, f"MAIL FROM refused: {code} {_text(text)}")
-            code, text = smtp.rcpt(to)
-            if code not in (250, 251):
-                return SmtpTestResult(False, f"RCPT TO refused: {code} {_text(text)}")
-            code, text = smtp.data(message.as_bytes())
-            return SmtpTestResult(code == 250, f"{code} {_text(text)}")
-    except smtplib.SMTPResponseException as exc:
-        return SmtpTestResult(False, f"{exc.smtp_code} {_text(exc.smtp_error)}")
-    except (smtplib.SMTPException, OSError) as exc:
-        return SmtpTestResult(False, f"{type(exc).__name__}: {exc}")
+        result = email_send_test(config=config, to=to)
+    except DeliveryError as error:
+        policy = delivery_policy_for(channel="email")
+        if error.failure_class not in policy.retry_on:
+            consequence = "parked at once"
+        elif error.failure_class in CHANNEL_FAILURES:
+            consequence = "kept waiting while the channel is retried"
+        else:
+            consequence = "retried"
+        return SmtpTestResult(
+            ok=False,
+            reply=f"{error.message} (failure class {error.failure_class}: a notification failing like this "
+            f"would be {consequence})",
+        )
+    return SmtpTestResult(ok=True, reply=f"{result.detail['smtp_code']} {result.detail['smtp_reply']}")
 
 
-def _text(value):
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+# --- one notification, by action name (the staff API) ------------------------------------------
+
+ACTIONS = ("retry", "discard", "requeue")
+
+
+@dataclass(frozen=True)
+class ActOutcome:
+    """What :func:`notification_act` did to one notification: ``applied`` names the action
+    taken ("retry", "retry_now", "discard", "requeue") or is None when it did not apply;
+    ``busy``: it would have applied but the row is being delivered right now; ``notification``
+    is the row afterwards (None: no such notification)."""
+
+    notification: Notification | None
+    applied: str | None = None
+    busy: bool = False
+
+
+def notification_act(*, notification_id: Any, action: str, user: User, reason: str = "") -> ActOutcome:
+    """Apply the operator ``action`` to one notification: "retry" is Retry on a Parked row and
+    Retry now on a Retrying one; "discard" (needs ``reason``; ValueError if blank) and
+    "requeue" as their functions above. Conditional like them: the outcome says whether it
+    applied."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}")
+    if action == "discard" and not (reason or "").strip():
+        raise ValueError("A reason is required to discard notifications.")
+    row = Notification.objects.filter(pk=notification_id).only("status").first()
+    if row is None:
+        return ActOutcome(notification=None)
+    applicable: dict[str, tuple[str, Callable[..., ActionResult]]] = {}
+    if action == "retry":
+        applicable = {
+            Status.PARKED: ("retry", notification_retry),
+            Status.RETRYING: ("retry_now", notification_retry_now),
+        }
+    elif action == "requeue":
+        applicable = {Status.DISCARDED: ("requeue", notification_requeue)}
+    else:
+        applicable = {
+            status: ("discard", lambda **kw: notification_discard(**kw, reason=reason)) for status in DISCARDABLE
+        }
+    applied, busy = None, False
+    if row.status in applicable:
+        name, function = applicable[row.status]
+        if function(notification_ids=[notification_id], user=user).changed:
+            applied = name
+        else:
+            busy = True  # under a live claim, or changed by someone else meanwhile
+    return ActOutcome(notification=Notification.objects.filter(pk=notification_id).first(), applied=applied, busy=busy)

@@ -1,4 +1,4 @@
-"""Retention purge (DESIGN §6): terminal rows older than the retention window go, in batches.
+"""Retention purge (docs/operations.md): terminal rows older than the retention window go, in batches.
 
 Age is measured by ``created_at``. Each batch is its own short transaction that locks only the
 rows it deletes (``SKIP LOCKED`` on PostgreSQL, so it never waits for a dispatcher or an
@@ -6,29 +6,37 @@ operator), and re-checks the status under that lock: a row an operator just move
 Pending is never deleted. Non-terminal rows are never purged, however old.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from notifications import db
 from notifications.models import DeliveryAttempt, Notification
 
 
 @dataclass
 class PurgeReport:
-    cutoff: object
+    cutoff: datetime
     deleted: int = 0
     batches: int = 0
     dry_run: bool = False
 
-    def __str__(self):
+    def __str__(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
         return f"{verb} {self.deleted} terminal notifications created before {self.cutoff:%Y-%m-%d %H:%M:%S} UTC"
 
 
-def notifications_purge(*, now=None, dry_run=False, batch_size=None, progress=None):
+def notifications_purge(
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    batch_size: int | None = None,
+    progress: Callable[[PurgeReport], None] | None = None,
+) -> PurgeReport:
     """Delete terminal notifications (and their attempts) created before ``now`` minus
     OUTBOX_RETENTION_DAYS, ``batch_size`` rows per transaction. ``progress(report)`` is called
     after each batch. With ``dry_run`` only counts. Returns a :class:`PurgeReport`."""
@@ -41,9 +49,7 @@ def notifications_purge(*, now=None, dry_run=False, batch_size=None, progress=No
         return report
     while True:
         with transaction.atomic():
-            batch = expired.order_by("created_at")
-            if connection.features.has_select_for_update_skip_locked:
-                batch = batch.select_for_update(skip_locked=True)
+            batch = db.lock_skipping_locked(expired.order_by("created_at"))
             pks = list(batch.values_list("pk", flat=True)[:batch_size])
             if not pks:
                 break

@@ -1,7 +1,8 @@
 """Encryption at rest for configuration secrets (the SMTP password).
 
 Values are Fernet tokens (AES-128-CBC + HMAC-SHA256) under keys derived from
-OUTBOX_SECRET_KEYS — by default from SECRET_KEY. The first key encrypts; every key decrypts,
+OUTBOX_SECRET_KEYS — by default from SECRET_KEY (and, where SECRET_KEY is generated, also the
+former fixed development key, for decrypting only). The first key encrypts; every key decrypts,
 so keys rotate without downtime: put the new key first, keep the old one after it, run
 ``manage.py rotate_secrets`` (re-encrypts with the new key), then drop the old key.
 """
@@ -19,8 +20,12 @@ class SecretDecryptionError(Exception):
     """A stored secret cannot be decrypted with any configured key."""
 
 
-def _fernet():
-    keys = settings.OUTBOX_SECRET_KEYS or [settings.SECRET_KEY]
+def _fernet() -> MultiFernet:
+    keys = list(settings.OUTBOX_SECRET_KEYS or [settings.SECRET_KEY])
+    if not settings.OUTBOX_SECRET_KEYS and getattr(settings, "SECRET_KEY_GENERATED", False):
+        # Decrypt-only: what an installation without SECRET_KEY encrypted before its key was
+        # generated (the former fixed development key). rotate_secrets re-encrypts it.
+        keys.append(settings.LEGACY_DEVELOPMENT_SECRET_KEY)
     derived = [
         Fernet(base64.urlsafe_b64encode(hashlib.sha256(b"outbox-secret-at-rest:" + key.encode()).digest()))
         for key in keys
@@ -28,14 +33,14 @@ def _fernet():
     return MultiFernet(derived)
 
 
-def secret_encrypt(plaintext):
+def secret_encrypt(plaintext: str) -> str:
     """The stored form of ``plaintext`` ("" stays "", meaning "no secret")."""
     if not plaintext:
         return ""
     return PREFIX + _fernet().encrypt(plaintext.encode()).decode()
 
 
-def secret_decrypt(stored):
+def secret_decrypt(stored: str | None) -> str:
     """The plaintext of a stored secret. Values stored before encryption are returned as they
     are (they are encrypted on the next save or by rotate_secrets)."""
     if not stored or not stored.startswith(PREFIX):
@@ -47,35 +52,3 @@ def secret_decrypt(stored):
             "A stored secret cannot be decrypted with the configured keys (OUTBOX_SECRET_KEYS / SECRET_KEY "
             "changed?). Restore the old key as a second OUTBOX_SECRET_KEYS entry, or re-enter the secret."
         ) from None
-
-
-def secret_needs_rotation(stored):
-    """True when ``stored`` is plaintext or not encrypted with the first (current) key."""
-    if not stored:
-        return False
-    if not stored.startswith(PREFIX):
-        return True
-    token = stored[len(PREFIX) :].encode()
-    current = _fernet()._fernets[0]
-    try:
-        current.decrypt(token)
-    except InvalidToken:
-        return True
-    return False
-
-
-def check_secrets_decryptable(app_configs=None, **kwargs):
-    """System check outbox.E001 (database tag, so run by migrate and `check --database default`):
-    the stored SMTP password decrypts with the configured keys."""
-    from django.core.checks import Error
-    from django.db import DatabaseError
-
-    from notifications.models import SmtpConfiguration
-
-    try:
-        SmtpConfiguration.objects.values_list("password", flat=True).first()
-    except SecretDecryptionError as exc:
-        return [Error(str(exc), id="outbox.E001")]
-    except DatabaseError:
-        pass  # no database or table yet (before migrate): nothing stored to check
-    return []

@@ -5,7 +5,7 @@ import uuid
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -14,7 +14,7 @@ from notifications.models import Notification
 
 
 @require_GET
-def healthz(request):
+def healthz(request: HttpRequest) -> JsonResponse:
     """200 when the database answers a query, else 503."""
     try:
         with connection.cursor() as cursor:
@@ -27,7 +27,7 @@ def healthz(request):
 
 @csrf_exempt
 @require_POST
-def bench_raw_insert(request):
+def bench_raw_insert(request: HttpRequest) -> JsonResponse:
     """The ingest benchmark's ceiling: the same row inserted with no auth and no validation.
 
     Mounted only when OUTBOX_BENCH_RAW_VIEW is true (never in production).
@@ -52,7 +52,7 @@ def bench_raw_insert(request):
     return JsonResponse({"notification_id": str(notification.notification_id)}, status=201)
 
 
-def not_found(request, exception):
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     """JSON for API clients, Django's page for people."""
     if request.path.startswith("/api/"):
         return JsonResponse({"error": "not_found", "detail": "No such resource."}, status=404)
@@ -61,7 +61,19 @@ def not_found(request, exception):
     return page_not_found(request, exception)
 
 
-def server_error(request):
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """JSON for API clients (e.g. a Host header not in ALLOWED_HOSTS), Django's page for people."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"error": "bad_request", "detail": "Bad request (e.g. a Host not served here)."}, status=400
+        )
+    from django.views.defaults import bad_request as django_bad_request
+
+    return django_bad_request(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """JSON for API clients, Django's page for people."""
     if request.path.startswith("/api/"):
         return JsonResponse({"error": "server_error", "detail": "Internal error; it has been logged."}, status=500)
     from django.views.defaults import server_error as django_server_error

@@ -4,7 +4,12 @@ Every option has an explicit type and default; a value that cannot be parsed sto
 process at start with a message naming the variable.
 """
 
+import contextlib
+import os
+import secrets
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -16,7 +21,7 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 
-def _read(name, cast, default):
+def _read(name: str, cast: str, default: Any) -> Any:
     """Read one variable, naming it when the value does not parse."""
     try:
         return getattr(env, cast)(name, default=default)
@@ -24,21 +29,45 @@ def _read(name, cast, default):
         raise ImproperlyConfigured(f"Environment variable {name} is invalid: {exc}") from exc
 
 
-def _positive(name, default, cast="int"):
+def _positive(name: str, default: float, cast: str = "int") -> Any:
     value = _read(name, cast, default)
     if value <= 0:
         raise ImproperlyConfigured(f"Environment variable {name} must be positive, got {value!r}")
     return value
 
 
+def _generated_secret_key(path: Path) -> str:
+    """The secret key kept in ``path``, created (random, readable by its owner only) the first
+    time. Safe when several processes start at once: the file appears complete or not at all
+    (written aside, then hard-linked into place), and the first one to land wins."""
+    if path.exists():
+        key = path.read_text().strip()
+        if key:
+            return key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, draft = tempfile.mkstemp(prefix=".secret_key-", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_urlsafe(50))
+        with contextlib.suppress(FileExistsError):
+            os.link(draft, path)
+    finally:
+        os.unlink(draft)
+    return path.read_text().strip()
+
+
 DEBUG = _read("DEBUG", "bool", False)
 SECRET_KEY = _read("SECRET_KEY", "str", "")
+# Before generated keys, an installation without SECRET_KEY used this one; secrets it encrypted
+# (the SMTP password) keep decrypting with it (notifications/secrets.py) until rotate_secrets.
+LEGACY_DEVELOPMENT_SECRET_KEY = "insecure-dev-key-" + str(BASE_DIR)
+SECRET_KEY_GENERATED = not SECRET_KEY
 if not SECRET_KEY:
     if _read("OUTBOX_HTTPS", "bool", False):
         raise ImproperlyConfigured("Environment variable SECRET_KEY must be set in production (OUTBOX_HTTPS=true)")
-    # Development fallback: stable per checkout so sessions survive restarts. Production sets
-    # SECRET_KEY (see README, "Configuration").
-    SECRET_KEY = "insecure-dev-key-" + str(BASE_DIR)
+    # Without SECRET_KEY (development, `make run`): a random key generated once per installation
+    # and kept in var/secret_key, so sessions survive restarts and nobody can predict it.
+    SECRET_KEY = _generated_secret_key(Path(_read("OUTBOX_SECRET_KEY_FILE", "str", str(VAR_DIR / "secret_key"))))
 ALLOWED_HOSTS = _read("ALLOWED_HOSTS", "list", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = _read("CSRF_TRUSTED_ORIGINS", "list", [])
 
@@ -53,7 +82,8 @@ CSRF_COOKIE_SECURE = OUTBOX_HTTPS
 SECURE_HSTS_SECONDS = _read("SECURE_HSTS_SECONDS", "int", 31_536_000 if OUTBOX_HTTPS else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = _read("SECURE_HSTS_INCLUDE_SUBDOMAINS", "bool", OUTBOX_HTTPS)
 SECURE_HSTS_PRELOAD = _read("SECURE_HSTS_PRELOAD", "bool", OUTBOX_HTTPS)
-if _read("OUTBOX_BEHIND_PROXY", "bool", False):
+OUTBOX_BEHIND_PROXY = _read("OUTBOX_BEHIND_PROXY", "bool", False)
+if OUTBOX_BEHIND_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # /healthz is probed over plain HTTP by load balancers and must not redirect.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
@@ -61,6 +91,14 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
+# Scripts, styles, images and fonts from this server only; inline style attributes (the admin
+# uses them) but no inline scripts; no plugins, no framing, forms post here only.
+OUTBOX_CONTENT_SECURITY_POLICY = _read(
+    "OUTBOX_CONTENT_SECURITY_POLICY",
+    "str",
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_HTTPONLY = True
@@ -73,6 +111,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",  # staff API tokens (operator actions)
     "rest_framework_api_key",
     "django_filters",
     "drf_spectacular",
@@ -92,6 +131,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "notifications.middleware.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "outbox_project.urls"
@@ -127,20 +167,35 @@ if DATABASES["default"].get("ENGINE") not in SUPPORTED_ENGINES:
     )
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(exist_ok=True)
+    # Django's backend, creating var/ when it first opens a database file there (nothing is
+    # created on disk at import time).
+    DATABASES["default"]["ENGINE"] = "outbox_project.sqlite_backend"
+    DATABASES["default"]["OUTBOX_DATA_DIRECTORY"] = str(VAR_DIR)
     DATABASES["default"]["OPTIONS"] = {
         # IMMEDIATE takes the write lock at BEGIN, so two writers queue instead of deadlocking.
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;",
     }
-    # A file, not memory, so that processes a test starts share the test database.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_outbox.sqlite3")}
 else:
-    # A connection per request costs about 5x ingest throughput; keep them, but check them.
-    DATABASES["default"]["CONN_MAX_AGE"] = _read("CONN_MAX_AGE", "int", 600)
+    # A new connection per request costs a large share of ingest throughput: keep connections,
+    # and check them before use (a restarted server leaves dead ones behind).
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    if _read("OUTBOX_DATABASE_POOL", "bool", False):
+        # The web server (gunicorn.conf.py turns this on) runs each request in a thread of its
+        # own, where a per-thread persistent connection would live for one request: a pool per
+        # process keeps the connections instead. Worker and dispatcher processes keep theirs
+        # per thread (no pool: django-q2 forks its workers, and a pool must not cross a fork).
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": 1,
+            "max_size": _positive("OUTBOX_DATABASE_POOL_SIZE", 10, "int"),
+            # A request waits at most this long for a free connection, then answers 503.
+            "timeout": 10,
+        }
+    else:
+        DATABASES["default"]["CONN_MAX_AGE"] = _read("CONN_MAX_AGE", "int", 600)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -157,8 +212,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# `collectstatic` fills it; the web server creates it if missing (outbox_project/wsgi.py).
 STATIC_ROOT = _read("STATIC_ROOT", "str", str(VAR_DIR / "static"))
-Path(STATIC_ROOT).mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every start otherwise
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -166,7 +221,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["sites.authentication.IsActiveSite"],
     "DEFAULT_THROTTLE_CLASSES": ["sites.throttling.SiteRateThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["notifications.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "notifications.api.exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -176,7 +231,7 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Outbox API",
-    "DESCRIPTION": "Ingest and status API for site notifications (see DESIGN §3).",
+    "DESCRIPTION": "Ingest and status API for site notifications. The contract is described in docs/api.md of the Outbox repository.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
@@ -201,12 +256,42 @@ OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 5000, "int")
 # (revocation and deactivation reach the other processes within this time). 0 disables.
 OUTBOX_KEY_CACHE_SECONDS = _read("OUTBOX_KEY_CACHE_SECONDS", "int", 10)
 # Keys for secrets stored in the database (SMTP password); the first encrypts, all decrypt.
-# Default: derived from SECRET_KEY. See notifications/secrets.py and README "Rotating keys".
+# Default: derived from SECRET_KEY. See notifications/secrets.py and docs/operations.md, "Secrets and key rotation".
 OUTBOX_SECRET_KEYS = _read("OUTBOX_SECRET_KEYS", "list", [])
 # Per-site request rate per web process (token bucket); 0 disables. See sites/throttling.py.
 OUTBOX_SITE_RATE_LIMIT = _read("OUTBOX_SITE_RATE_LIMIT", "float", 100.0)
 OUTBOX_SITE_RATE_BURST = _read("OUTBOX_SITE_RATE_BURST", "int", 500)
+# A site whose agent sent no heartbeat for this many seconds is shown "silent" (console, KPIs).
+OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
+# Failed authentications (API keys, staff tokens) allowed per client address and per credential
+# in a burst, refilled at this many per minute, per web process; then 429 before any check.
+# OUTBOX_AUTH_FAILURE_RATE=0 disables the limit. See sites/throttling.py.
+OUTBOX_AUTH_FAILURE_BURST = _read("OUTBOX_AUTH_FAILURE_BURST", "int", 20)
+OUTBOX_AUTH_FAILURE_RATE = _read("OUTBOX_AUTH_FAILURE_RATE", "float", 10.0)
 OUTBOX_BENCH_RAW_VIEW = _read("OUTBOX_BENCH_RAW_VIEW", "bool", False)
+# Email attachments (type_data.attachments): their total decoded size per notification, and the
+# content types a site may attach. Base64 makes an attachment a third larger in the request, so
+# keep the bound well inside OUTBOX_MAX_BODY_BYTES (a system check warns otherwise).
+OUTBOX_MAX_ATTACHMENT_BYTES = _positive("OUTBOX_MAX_ATTACHMENT_BYTES", 524_288, "int")
+OUTBOX_ATTACHMENT_CONTENT_TYPES = [
+    value.strip().lower()
+    for value in _read(
+        "OUTBOX_ATTACHMENT_CONTENT_TYPES",
+        "list",
+        [
+            "application/pdf",
+            "application/json",
+            "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+            "image/gif",
+            "image/jpeg",
+            "image/png",
+            "image/webp",
+            "text/csv",
+            "text/plain",
+        ],
+    )
+    if value.strip()
+]
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = OUTBOX_MAX_BODY_BYTES
 

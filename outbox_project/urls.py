@@ -1,6 +1,6 @@
 from django.conf import settings
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
@@ -14,7 +14,23 @@ urlpatterns = [
         api.NotificationDetailView.as_view(),
         name="notification-detail",
     ),
+    path(
+        "api/v1/notifications/<uuid:notification_id>/retry/",
+        api.NotificationRetryView.as_view(),
+        name="notification-retry",
+    ),
+    path(
+        "api/v1/notifications/<uuid:notification_id>/discard/",
+        api.NotificationDiscardView.as_view(),
+        name="notification-discard",
+    ),
+    path(
+        "api/v1/notifications/<uuid:notification_id>/requeue/",
+        api.NotificationRequeueView.as_view(),
+        name="notification-requeue",
+    ),
     path("api/v1/kpis/", api.KpiView.as_view(), name="kpis"),
+    path("api/v1/sites/", include("sites.urls")),
     path(
         "api/v1/schema/",
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
@@ -27,5 +43,6 @@ urlpatterns = [
 if settings.OUTBOX_BENCH_RAW_VIEW:
     urlpatterns.append(path("bench/raw-insert/", views.bench_raw_insert))
 
+handler400 = "notifications.views.bad_request"
 handler404 = "notifications.views.not_found"
 handler500 = "notifications.views.server_error"

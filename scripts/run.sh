@@ -9,7 +9,7 @@ PY=.venv/bin/python
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 SMTP_PORT=${SMTP_PORT:-2525}
-export DEBUG=${DEBUG:-true}
+# DEBUG stays off unless you set it: Django's debug pages show submitted bodies and settings.
 mkdir -p var/mail var/log
 
 echo "==> Migrating the database (${DATABASE_URL:-SQLite var/outbox.sqlite3})"
@@ -55,15 +55,13 @@ echo "==> Starting the SMTP catcher on 127.0.0.1:$SMTP_PORT (messages saved in v
 $PY manage.py smtp_catcher --host 127.0.0.1 --port "$SMTP_PORT" --maildir var/mail > var/log/smtp.log 2>&1 &
 pids+=($!)
 
-echo "==> Registering the schedules (dispatch sweep every minute, daily purge)"
-$PY manage.py setup_schedules
 echo "==> Starting the worker (django-q2 qcluster; log in var/log/worker.log)"
 $PY manage.py qcluster > var/log/worker.log 2>&1 &
 pids+=($!)
 
 echo "==> Starting the web server on http://$HOST:$PORT (log in var/log/web.log)"
-$PY -m gunicorn outbox_project.wsgi:application --bind "$HOST:$PORT" --workers 2 \
-  --access-logfile - > var/log/web.log 2>&1 &
+# gunicorn.conf.py (project root) names the application and the worker class.
+$PY -m gunicorn --bind "$HOST:$PORT" --workers 2 --access-logfile - > var/log/web.log 2>&1 &
 pids+=($!)
 
 for _ in $(seq 1 50); do

@@ -1,19 +1,37 @@
-"""Sites in the admin: register and deactivate sites, see when each was last heard from,
-issue keys (the plaintext is shown once) and revoke them."""
+"""Sites in the admin: register and deactivate sites, see when each was last heard from and what
+its agent reported (backlog, parked rows, a "silent" badge), issue keys (the plaintext is shown
+once) and revoke them. "Parked at sites" lists notifications parked at the sites, with Retry
+and Discard (with a reason) sent to the site's agent as commands; "Site commands" is their
+history (pending / done / failed)."""
 
+import uuid
+from typing import Any, cast
+
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from rest_framework_api_key.models import APIKey
 
-from sites.models import Site, SiteAPIKey
-from sites.services import SiteKeyError, site_key_issue, site_key_revoke
+from notifications.clock import database_now
+from notifications.models import Notification
+from sites.models import Site, SiteAPIKey, SiteCommand, SiteHeartbeat, SiteParkedNotification
+from sites.services import (
+    SiteCommandError,
+    SiteKeyError,
+    site_commands_issue,
+    site_is_silent,
+    site_key_issue,
+    site_key_revoke,
+)
 
 # Central authenticates sites with SiteAPIKey only; the library's generic APIKey model is
 # unused, and listing it beside site keys would suggest keys that authenticate nothing.
@@ -32,7 +50,7 @@ class SiteAPIKeyInline(admin.TabularInline):
     verbose_name_plural = "API keys (issue new keys with the button above; revocation cannot be undone)"
 
     @admin.display(description="state")
-    def state(self, key):
+    def state(self, key: SiteAPIKey) -> str:
         if key.revoked:
             return "revoked"
         if key.has_expired:
@@ -40,42 +58,134 @@ class SiteAPIKeyInline(admin.TabularInline):
         return "live"
 
     @admin.display(description="")
-    def revoke_link(self, key):
+    def revoke_link(self, key: SiteAPIKey) -> str:
         if key.revoked:
             return ""
         url = reverse("admin:sites_site_revoke_key", args=[key.site_id, key.prefix])
         return format_html('<a href="{}" class="revoke-key-link">Revoke…</a>', url)
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+def _when(moment: Any) -> str:
+    return "—" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S}"
+
+
+def silent_badge(heartbeat: SiteHeartbeat | None, *, now: Any) -> str:
+    """The "silent" badge for a site whose agent has not sent a heartbeat for
+    OUTBOX_SITE_SILENT_AFTER (or never has); empty for a site heard from in time."""
+    received = None if heartbeat is None else heartbeat.received_at
+    if not site_is_silent(last_heartbeat_at=received, now=now):
+        return ""
+    title = "No heartbeat from this site's agent yet" if received is None else f"Last heartbeat {_when(received)} UTC"
+    return format_html('<span class="outbox-badge outbox-status-parked site-silent" title="{}">silent</span>', title)
 
 
 @admin.register(Site)
 class SiteAdmin(admin.ModelAdmin):
-    list_display = ("site_id", "name", "active", "last_seen_at", "live_keys")
+    list_display = (
+        "site_id",
+        "name",
+        "active",
+        "silent_column",
+        "heartbeat_column",
+        "backlog_column",
+        "parked_column",
+        "agent_version_column",
+        "last_seen_at",
+        "live_keys",
+    )
     list_filter = ("active",)
     search_fields = ("site_id", "name")
-    readonly_fields = ("created_at", "last_seen_at")
+    readonly_fields = ("created_at", "last_seen_at", "agent_state")
     inlines = [SiteAPIKeyInline]
 
     class Media:
         css = {"all": ["notifications/admin.css"]}
 
-    def get_queryset(self, request):
-        return super().get_queryset(request).annotate(
-            live_keys=Count("api_keys", filter=Q(api_keys__revoked=False))
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Site]:
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("heartbeat")
+            .annotate(live_keys=Count("api_keys", filter=Q(api_keys__revoked=False)))
         )
 
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        self._now = database_now()  # one clock for every row's silent badge
+        return super().changelist_view(request, extra_context)
+
+    @staticmethod
+    def _heartbeat(site: Site) -> SiteHeartbeat | None:
+        try:
+            return site.heartbeat
+        except SiteHeartbeat.DoesNotExist:
+            return None
+
     @admin.display(description="unrevoked keys", ordering="live_keys")
-    def live_keys(self, site):
+    def live_keys(self, site: Any) -> int:
         return site.live_keys
 
-    def get_urls(self):
+    @admin.display(description="silent")
+    def silent_column(self, site: Site) -> str:
+        if not site.active:
+            return ""
+        return silent_badge(self._heartbeat(site), now=getattr(self, "_now", None) or database_now())
+
+    @admin.display(description="last heartbeat (UTC)", ordering="heartbeat__received_at")
+    def heartbeat_column(self, site: Site) -> str:
+        heartbeat = self._heartbeat(site)
+        return _when(None if heartbeat is None else heartbeat.received_at)
+
+    @admin.display(description="backlog at site", ordering="heartbeat__buffered")
+    def backlog_column(self, site: Site) -> Any:
+        heartbeat = self._heartbeat(site)
+        return "—" if heartbeat is None else heartbeat.buffered
+
+    @admin.display(description="parked at site", ordering="heartbeat__parked")
+    def parked_column(self, site: Site) -> Any:
+        heartbeat = self._heartbeat(site)
+        if heartbeat is None:
+            return "—"
+        if not heartbeat.parked:
+            return 0
+        url = reverse("admin:sites_siteparkednotification_changelist") + f"?site__id__exact={site.pk}"
+        return format_html('<a href="{}">{}</a>', url, heartbeat.parked)
+
+    @admin.display(description="agent")
+    def agent_version_column(self, site: Site) -> str:
+        heartbeat = self._heartbeat(site)
+        return "" if heartbeat is None else heartbeat.agent_version
+
+    @admin.display(description="agent (latest heartbeat)")
+    def agent_state(self, site: Site) -> str:
+        heartbeat = self._heartbeat(site)
+        if heartbeat is None:
+            return "No heartbeat received from this site's agent yet."
+        badge = silent_badge(heartbeat, now=database_now()) if site.active else ""
+        return format_html(
+            "{} {} UTC · agent {} · {} buffered (oldest {}) · {} parked · last forward {} UTC{}",
+            badge,
+            _when(heartbeat.received_at),
+            heartbeat.agent_version or "?",
+            heartbeat.buffered,
+            _when(heartbeat.oldest_buffered_at),
+            heartbeat.parked,
+            _when(heartbeat.last_forward_at),
+            format_html(" · last error: {}", heartbeat.last_error) if heartbeat.last_error else "",
+        )
+
+    def get_urls(self) -> list[URLPattern]:
         return [
-            path("<path:object_id>/issue-key/", self.admin_site.admin_view(self.issue_key_view), name="sites_site_issue_key"),
+            path(
+                "<path:object_id>/issue-key/",
+                self.admin_site.admin_view(self.issue_key_view),
+                name="sites_site_issue_key",
+            ),
             path(
                 "<path:object_id>/revoke-key/<str:prefix>/",
                 self.admin_site.admin_view(self.revoke_key_view),
@@ -84,21 +194,26 @@ class SiteAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def _site_or_deny(self, request, object_id):
+    def _site_or_deny(self, request: HttpRequest, object_id: str) -> Site | None:
         if not self.has_change_permission(request):
             raise PermissionDenied
         return self.get_object(request, unquote(object_id))
 
-    def _context(self, request, site, title, **extra):
+    def _missing(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        # Django's own answer for a missing object (message + redirect); django-stubs do not
+        # declare this ModelAdmin method.
+        return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)  # type: ignore[attr-defined]
+
+    def _context(self, request: HttpRequest, site: Site, title: str, **extra: Any) -> dict[str, Any]:
         return {**self.admin_site.each_context(request), "title": title, "opts": self.opts, "original": site, **extra}
 
-    def issue_key_view(self, request, object_id):
+    def issue_key_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST only: the new key's plaintext is in this one response and nowhere else."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         site = self._site_or_deny(request, object_id)
         if site is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            return self._missing(request, object_id)
         name = f"{site.site_id} key {timezone.now():%Y-%m-%d %H:%M}"
         api_key, plaintext = site_key_issue(site=site, name=name)
         self.log_change(request, site, f"Issued API key {api_key.prefix}.")
@@ -110,10 +225,10 @@ class SiteAdmin(admin.ModelAdmin):
         response["Cache-Control"] = "no-store"
         return response
 
-    def revoke_key_view(self, request, object_id, prefix):
+    def revoke_key_view(self, request: HttpRequest, object_id: str, prefix: str) -> HttpResponse:
         site = self._site_or_deny(request, object_id)
         if site is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            return self._missing(request, object_id)
         api_key = site.api_keys.filter(prefix=prefix).first()
         if api_key is None:
             self.message_user(request, f"Site {site.site_id} has no key with prefix {prefix}.", messages.ERROR)
@@ -132,3 +247,350 @@ class SiteAdmin(admin.ModelAdmin):
             self.log_change(request, site, f"Revoked API key {prefix}.")
             self.message_user(request, f"Revoked key {prefix} of {site.site_id}; requests with it are now refused.")
         return HttpResponseRedirect(reverse("admin:sites_site_change", args=[site.pk]))
+
+
+# --- Parked at sites ---------------------------------------------------------------------------
+
+Parked = SiteParkedNotification.State
+COMMAND_CSS: dict[str, str] = {"pending": "retrying", "done": "delivered", "failed": "parked"}
+STATE_CSS: dict[str, str] = {Parked.PARKED: "parked", Parked.RETRIED: "pending", Parked.DISCARDED: "discarded"}
+
+
+class ParkedStateFilter(admin.SimpleListFilter):
+    """Rows still parked at their site unless asked otherwise."""
+
+    title = "state"
+    parameter_name = "state"
+    ALL = "all"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [*Parked.choices, (self.ALL, "All")]
+
+    def _current(self) -> str:
+        value = self.value()
+        return value if value in (*Parked.values, self.ALL) else Parked.PARKED
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        current = self._current()
+        return queryset if current == self.ALL else queryset.filter(state=current)
+
+    def choices(self, changelist: Any) -> Any:
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": self._current() == value,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+
+class CommandStateFilter(admin.SimpleListFilter):
+    title = "latest command"
+    parameter_name = "command"
+    NONE = "none"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [*SiteCommand.State.choices, (self.NONE, "No command")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == self.NONE:
+            return queryset.filter(command_state__isnull=True)
+        if self.value() in SiteCommand.State.values:
+            return queryset.filter(command_state=self.value())
+        return queryset
+
+
+def _latest_command(field: str) -> Subquery:
+    return Subquery(
+        SiteCommand.objects.filter(site=OuterRef("site"), notification_id=OuterRef("notification_id"))
+        .order_by("-created_at")
+        .values(field)[:1]
+    )
+
+
+class DiscardAtSiteForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        max_length=2000,
+        help_text="Why this notification is given up; recorded with the command and in the history.",
+    )
+
+
+@admin.register(SiteParkedNotification)
+class SiteParkedNotificationAdmin(admin.ModelAdmin):
+    list_display = (
+        "short_id",
+        "site",
+        "state_badge",
+        "command_column",
+        "subject",
+        "list_name",
+        "type",
+        "reason_excerpt",
+        "retry_count",
+        "parked_column",
+        "at_central",
+    )
+    list_display_links = ("short_id",)
+    list_filter = (ParkedStateFilter, CommandStateFilter, "site", "type")
+    search_fields = ("subject", "list_name", "reason", "source_instance_id", "source_script")
+    search_help_text = "Words in the subject, list, reason or source; or a full notification id."
+    list_per_page = 100
+    actions = ["retry_at_site", "discard_at_site"]
+    fields = (
+        "notification_id",
+        "site",
+        "state",
+        "state_changed_at",
+        "subject",
+        "list_name",
+        "type",
+        "reason",
+        "retry_count",
+        "parked_at",
+        "site_enqueued_at",
+        "source_instance_id",
+        "source_script",
+        "reported_at",
+        "commands_history",
+        "at_central",
+    )
+    readonly_fields = fields
+
+    class Media:
+        css = {"all": ["notifications/admin.css"]}
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[SiteParkedNotification]:
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("site")
+            .annotate(
+                command_action=_latest_command("action"),
+                command_state=_latest_command("state"),
+                command_detail=_latest_command("detail"),
+                central_status=Subquery(
+                    Notification.objects.filter(pk=OuterRef("notification_id")).values("status")[:1]
+                ),
+            )
+        )
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        try:
+            return queryset.filter(notification_id=uuid.UUID(search_term.strip())), False
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+
+    # A report from the site is the record; operators act on it only through commands.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("sites.retry_siteparkednotification")
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("sites.discard_siteparkednotification")
+
+    # --- columns
+
+    @admin.display(description="id", ordering="notification_id")
+    def short_id(self, row: SiteParkedNotification) -> str:
+        return str(row.notification_id)[:8]
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, row: SiteParkedNotification) -> str:
+        return format_html(
+            '<span class="outbox-badge outbox-status-{}">{}</span>',
+            STATE_CSS.get(row.state, "other"),
+            row.get_state_display(),
+        )
+
+    @admin.display(description="latest command")
+    def command_column(self, row: Any) -> str:
+        if not getattr(row, "command_state", None):
+            return ""
+        return format_html(
+            '<span class="outbox-badge outbox-status-{} site-command-{}" title="{}">{} {}</span>',
+            COMMAND_CSS.get(row.command_state, "other"),
+            row.command_state,
+            row.command_detail or "",
+            row.command_action,
+            row.command_state,
+        )
+
+    @admin.display(description="reason")
+    def reason_excerpt(self, row: SiteParkedNotification) -> str:
+        text = " ".join(row.reason.split())
+        if len(text) <= 80:
+            return text
+        return format_html('<span title="{}">{}…</span>', text[:1000], text[:80])
+
+    @admin.display(description="parked (UTC)", ordering="parked_at")
+    def parked_column(self, row: SiteParkedNotification) -> str:
+        return _when(row.parked_at)
+
+    @admin.display(description="at central")
+    def at_central(self, row: Any) -> str:
+        status = getattr(row, "central_status", None)
+        if status is None:
+            return "—"
+        url = reverse("admin:notifications_notification_change", args=[row.notification_id])
+        return format_html('<a href="{}">{}</a>', url, status)
+
+    @admin.display(description="commands")
+    def commands_history(self, row: SiteParkedNotification) -> str:
+        commands = SiteCommand.objects.filter(site=row.site, notification_id=row.notification_id).select_related(
+            "created_by"
+        )
+        if not commands:
+            return "—"
+        return format_html(
+            '<table class="outbox-targets"><thead><tr><th>issued (UTC)</th><th>by</th><th>action</th>'
+            "<th>reason</th><th>state</th><th>detail</th><th>acknowledged (UTC)</th></tr></thead><tbody>{}</tbody>"
+            "</table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                (
+                    (
+                        _when(c.created_at),
+                        c.created_by or "",
+                        c.get_action_display(),
+                        c.reason,
+                        c.get_state_display(),
+                        c.detail,
+                        _when(c.acknowledged_at),
+                    )
+                    for c in commands
+                ),
+            ),
+        )
+
+    # --- actions
+
+    def _report(self, request: HttpRequest, verb: str, outcomes: list[Any]) -> None:
+        sent = [o for o in outcomes if o.command is not None]
+        refused = [o for o in outcomes if o.command is None]
+        if sent:
+            noun = "notification" if len(sent) == 1 else "notifications"
+            self.message_user(
+                request,
+                f"{verb} sent to the site's agent for {len(sent)} {noun}; it is executed at the agent's next "
+                "heartbeat (see the latest command column).",
+                messages.SUCCESS,
+            )
+        for outcome in refused[:20]:
+            self.message_user(
+                request,
+                f"{outcome.parked.notification_id} at {outcome.parked.site}: {outcome.error}.",
+                messages.WARNING,
+            )
+
+    @admin.action(description="Retry at the site (send a command to its agent)", permissions=["retry"])
+    def retry_at_site(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._report(
+            request,
+            "Retry",
+            site_commands_issue(parked_ids=self._ids(queryset), action="retry", user=cast(User, request.user)),
+        )
+
+    @admin.action(description="Discard at the site… (needs a reason)", permissions=["discard"])
+    def discard_at_site(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        ids = self._ids(queryset)
+        form = DiscardAtSiteForm(request.POST if request.POST.get("post") == "yes" else None)
+        if form.is_bound and form.is_valid():
+            try:
+                outcomes = site_commands_issue(
+                    parked_ids=ids, action="discard", user=cast(User, request.user), reason=form.cleaned_data["reason"]
+                )
+            except SiteCommandError as error:
+                form.add_error("reason", str(error))
+            else:
+                self._report(request, "Discard", outcomes)
+                return None
+        rows = list(SiteParkedNotification.objects.filter(pk__in=ids).select_related("site")[:200])
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Discard notifications parked at sites?",
+            "opts": self.opts,
+            "ids": ids,
+            "rows": rows,
+            "count": len(ids),
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/sites/siteparkednotification/discard_confirmation.html", context)
+
+    @staticmethod
+    def _ids(queryset: QuerySet) -> list[int]:
+        return list(queryset.values_list("pk", flat=True)[:MAX_ACTION_ROWS])
+
+
+MAX_ACTION_ROWS = 10_000
+
+
+@admin.register(SiteCommand)
+class SiteCommandAdmin(admin.ModelAdmin):
+    """The history of commands sent to sites' agents. Read-only: commands are issued from
+    "Parked at sites"."""
+
+    list_display = (
+        "created_at",
+        "site",
+        "action",
+        "notification_id",
+        "state_badge",
+        "detail",
+        "reason",
+        "created_by",
+        "sent_at",
+        "acknowledged_at",
+    )
+    list_filter = ("state", "action", "site")
+    search_fields = ("reason", "detail")
+    list_select_related = ("site", "created_by")
+    readonly_fields = (
+        "id",
+        "site",
+        "notification_id",
+        "action",
+        "reason",
+        "state",
+        "detail",
+        "created_at",
+        "created_by",
+        "sent_at",
+        "acknowledged_at",
+    )
+    fields = readonly_fields
+
+    class Media:
+        css = {"all": ["notifications/admin.css"]}
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        try:
+            return queryset.filter(notification_id=uuid.UUID(search_term.strip())), False
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, command: SiteCommand) -> str:
+        return format_html(
+            '<span class="outbox-badge outbox-status-{}">{}</span>',
+            COMMAND_CSS.get(command.state, "other"),
+            command.get_state_display(),
+        )

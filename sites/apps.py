@@ -7,5 +7,5 @@ class SitesConfig(AppConfig):
     verbose_name = "Sites"
     default_auto_field = "django.db.models.BigAutoField"
 
-    def ready(self):
+    def ready(self) -> None:
         from sites import schema  # noqa: F401  (registers the OpenAPI auth extension)

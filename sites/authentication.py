@@ -1,21 +1,25 @@
 """Site authentication for the API: ``Authorization: Api-Key <key>``.
 
 Missing, malformed, unknown, revoked and expired keys answer 401; a valid key of a
-deactivated site answers 403 (the caller is known, but not allowed).
+deactivated site answers 403 (the caller is known, but not allowed). Repeated failures answer
+429 (sites/throttling.py). Staff use ``Authorization: Token`` for the KPI endpoint.
 """
 
 import hashlib
 import threading
 import time
 from datetime import timedelta
+from typing import Any, NoReturn, cast
 
 from django.conf import settings
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
+from rest_framework.request import Request
 
 from sites.models import Site, SiteAPIKey
+from sites.throttling import auth_failures, auth_failures_check, client_address
 
 KEYWORD = "Api-Key"
 # Refreshing "last seen" on every request would turn each ingest into two writes.
@@ -23,7 +27,7 @@ LAST_SEEN_RESOLUTION = timedelta(seconds=60)
 
 
 class SiteKeyAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request):
+    def authenticate(self, request: Request) -> tuple[Site, SiteAPIKey] | None:
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None
@@ -32,31 +36,62 @@ class SiteKeyAuthentication(authentication.BaseAuthentication):
         if keyword != KEYWORD:
             # Another scheme (e.g. Basic for a staff user): let the next authenticator try.
             return None
+        client = ("client", client_address(request))
+        auth_failures_check([client])
         if not key or "." not in key or len(key) > 200:
-            raise exceptions.AuthenticationFailed("Malformed API key.", code="invalid_key")
+            _failed([client], "Malformed API key.", code="invalid_key")
+        failure_keys = [client, ("key", key.partition(".")[0][:16])]
         api_key = _verified_key(key)
         if api_key is None:
-            raise exceptions.AuthenticationFailed("Unknown or revoked API key.", code="invalid_key")
+            _failed(failure_keys, "Unknown or revoked API key.", code="invalid_key")
         if api_key.has_expired:
-            raise exceptions.AuthenticationFailed("API key has expired.", code="expired_key")
+            _failed(failure_keys, "API key has expired.", code="expired_key")
         site = api_key.site
         site_touch_last_seen(site=site)
         return (site, api_key)
 
-    def authenticate_header(self, request):
+    def authenticate_header(self, request: Request) -> str:
         return KEYWORD
+
+
+def _failed(keys: list[tuple[str, str]], message: str, *, code: str) -> NoReturn:
+    """Count a failed authentication against ``keys``; 401 with ``message``, or 429 once a
+    bucket is exhausted (sites/throttling.py)."""
+    auth_failures.record(keys)
+    auth_failures_check(keys)
+    raise exceptions.AuthenticationFailed(message, code=code)
+
+
+class StaffTokenAuthentication(authentication.TokenAuthentication):
+    """``Authorization: Token <key>`` for staff users (DRF's tokens; an administrator issues one
+    in the console or with ``manage.py drf_create_token``). Failures are limited per client
+    address like API keys'. Tokens are random and checked by one lookup; HTTP Basic is not
+    offered, because every guess at a password costs a password hash."""
+
+    def authenticate(self, request: Request) -> Any:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        client = [("client", client_address(request))]
+        auth_failures_check(client)
+        try:
+            return super().authenticate(request)
+        except exceptions.AuthenticationFailed:
+            auth_failures.record(client)
+            auth_failures_check(client)
+            raise
 
 
 # Verified keys, by the sha512 of the presented key (never the key itself). Verifying a key
 # is a database round trip per request, as costly as the insert it guards; a short-lived
 # cache keeps single-post ingest near the raw-insert ceiling. Revoking a key or deactivating
 # a site clears this process's cache at once; other processes notice within the TTL.
-_key_cache = {}
+_key_cache: dict[bytes, tuple[float, SiteAPIKey]] = {}
 _key_cache_lock = threading.Lock()
 KEY_CACHE_MAX_ENTRIES = 10_000
 
 
-def _verified_key(key):
+def _verified_key(key: str) -> SiteAPIKey | None:
     """The usable SiteAPIKey (with its site) for ``key``, or None. Expiry is checked by the caller."""
     ttl = settings.OUTBOX_KEY_CACHE_SECONDS
     digest = hashlib.sha512(key.encode()).digest()
@@ -65,7 +100,7 @@ def _verified_key(key):
     if cached is not None and cached[0] > now:
         return cached[1]
     try:
-        api_key = SiteAPIKey.objects.get_from_key(key)
+        api_key = cast(SiteAPIKey, SiteAPIKey.objects.get_from_key(key))
     except SiteAPIKey.DoesNotExist:
         return None
     if ttl > 0:
@@ -78,12 +113,13 @@ def _verified_key(key):
 
 @receiver([post_save, post_delete], sender=SiteAPIKey)
 @receiver([post_save, post_delete], sender=Site)
-def _forget_verified_keys(**kwargs):
+def _forget_verified_keys(**kwargs: Any) -> None:
     with _key_cache_lock:
         _key_cache.clear()
 
 
-def site_touch_last_seen(*, site):
+def site_touch_last_seen(*, site: Site) -> None:
+    """Record that ``site`` was seen now, at most once per LAST_SEEN_RESOLUTION (one write)."""
     now = timezone.now()
     if site.last_seen_at is None or now - site.last_seen_at >= LAST_SEEN_RESOLUTION:
         Site.objects.filter(pk=site.pk).update(last_seen_at=now)
@@ -93,7 +129,7 @@ def site_touch_last_seen(*, site):
 class IsActiveSite(permissions.BasePermission):
     """The request comes from a site key, and that site is active."""
 
-    def has_permission(self, request, view):
+    def has_permission(self, request: Request, view: Any) -> bool:
         site = request.user
         if not isinstance(site, Site):
             return False

@@ -1,9 +1,13 @@
 """Sites (the remote plants that raise notifications) and their API keys."""
 
+import uuid
+from typing import ClassVar
+
+from django.conf import settings
 from django.core.validators import validate_slug
 from django.db import models
 from django.utils import timezone
-from rest_framework_api_key.models import AbstractAPIKey, BaseAPIKeyManager
+from rest_framework_api_key.models import AbstractAPIKey, APIKeyManager
 
 
 class Site(models.Model):
@@ -20,12 +24,12 @@ class Site(models.Model):
     class Meta:
         ordering = ["site_id"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.site_id
 
 
-class SiteAPIKeyManager(BaseAPIKeyManager):
-    def get_usable_keys(self):
+class SiteAPIKeyManager(APIKeyManager):
+    def get_usable_keys(self) -> models.QuerySet:
         return super().get_usable_keys().select_related("site")
 
 
@@ -34,9 +38,108 @@ class SiteAPIKey(AbstractAPIKey):
 
     site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="api_keys")
 
-    objects = SiteAPIKeyManager()
+    objects: ClassVar[SiteAPIKeyManager] = SiteAPIKeyManager()
 
     class Meta(AbstractAPIKey.Meta):
         verbose_name = "site API key"
         verbose_name_plural = "site API keys"
 
+
+class SiteHeartbeat(models.Model):
+    """The latest heartbeat of a site's agent (one row per site, replaced by each heartbeat)."""
+
+    site = models.OneToOneField(Site, on_delete=models.CASCADE, related_name="heartbeat", primary_key=True)
+    received_at = models.DateTimeField()
+    agent_version = models.CharField(max_length=64, blank=True)
+    buffered = models.PositiveIntegerField(default=0)
+    parked = models.PositiveIntegerField(default=0)
+    oldest_buffered_at = models.DateTimeField(null=True, blank=True)
+    last_forward_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        verbose_name = "site heartbeat"
+
+    def __str__(self) -> str:
+        return f"{self.site_id} at {self.received_at:%Y-%m-%d %H:%M:%S}"
+
+
+class SiteParkedNotification(models.Model):
+    """A notification parked at a site (central refused it, or the site's retries ran out), as
+    the site's agent reported it. ``state`` says whether it is still parked there or left that
+    state (retried or discarded, by an operator here or at the site)."""
+
+    class State(models.TextChoices):
+        PARKED = "parked", "Parked at the site"
+        RETRIED = "retried", "Retried"
+        DISCARDED = "discarded", "Discarded"
+
+    site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="parked_notifications")
+    notification_id = models.UUIDField()
+    type = models.CharField(max_length=64, blank=True)
+    list_name = models.CharField(max_length=200, blank=True)
+    subject = models.CharField(max_length=255, blank=True)
+    source_instance_id = models.CharField(max_length=200, blank=True)
+    source_script = models.CharField(max_length=200, blank=True)
+    site_enqueued_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    retry_count = models.PositiveIntegerField(default=0)
+    parked_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PARKED)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    reported_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "notification parked at a site"
+        verbose_name_plural = "parked at sites"
+        constraints = [
+            models.UniqueConstraint(fields=["site", "notification_id"], name="sites_parked_one_per_site_and_id")
+        ]
+        indexes = [models.Index(fields=["state", "parked_at"], name="sites_parked_state_idx")]
+        permissions = [
+            ("retry_siteparkednotification", "Can retry a notification parked at a site"),
+            ("discard_siteparkednotification", "Can discard a notification parked at a site"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.notification_id} at {self.site_id}"
+
+
+class SiteCommand(models.Model):
+    """An operator's Retry or Discard of a site-parked notification, waiting for (pending) or
+    executed by (done / failed) the site's agent. Handed to the agent in every heartbeat answer
+    until the agent acknowledges it; the agent executes each command at most once."""
+
+    class Action(models.TextChoices):
+        RETRY = "retry", "Retry"
+        DISCARD = "discard", "Discard"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="commands")
+    notification_id = models.UUIDField()
+    action = models.CharField(max_length=16, choices=Action.choices)
+    reason = models.TextField(blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    sent_at = models.DateTimeField(null=True, blank=True)  # last handed to the agent
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "site command"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["site", "state", "created_at"], name="sites_command_pending_idx"),
+            models.Index(fields=["site", "notification_id"], name="sites_command_row_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.notification_id} at {self.site_id} ({self.state})"

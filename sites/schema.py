@@ -1,5 +1,7 @@
 """OpenAPI description of the site-key authentication (imported by SitesConfig.ready)."""
 
+from typing import Any
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 
@@ -7,7 +9,7 @@ class SiteKeyAuthenticationScheme(OpenApiAuthenticationExtension):
     target_class = "sites.authentication.SiteKeyAuthentication"
     name = "SiteApiKey"
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
         return {
             "type": "apiKey",
             "in": "header",

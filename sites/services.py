@@ -1,22 +1,38 @@
-"""Business rules for sites and their API keys."""
+"""Business rules for sites: their API keys, their agents' heartbeats, the notifications
+parked at them, and the operator commands that reach their agents."""
 
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from django.conf import settings
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.auth.models import User
 from django.db import transaction
 
-from sites.models import Site, SiteAPIKey
+from notifications.clock import database_now
+from sites.models import Site, SiteAPIKey, SiteCommand, SiteHeartbeat, SiteParkedNotification
+
+Parked = SiteParkedNotification.State
 
 
 class SiteKeyError(Exception):
     """A key operation that cannot be done; the message says why."""
 
 
-def site_key_issue(*, site, name="", expiry_date=None):
+def site_key_issue(*, site: Site, name: str = "", expiry_date: datetime | None = None) -> tuple[SiteAPIKey, str]:
     """Create a new key for ``site``; returns ``(api_key, plaintext)``. The plaintext is shown
     once and never stored; existing keys stay valid (rotation)."""
-    return SiteAPIKey.objects.create_key(site=site, name=name or f"{site.site_id} key", expiry_date=expiry_date)
+    api_key, plaintext = SiteAPIKey.objects.create_key(
+        site=site, name=name or f"{site.site_id} key", expiry_date=expiry_date
+    )
+    return cast(SiteAPIKey, api_key), plaintext
 
 
 @transaction.atomic
-def site_key_revoke(*, prefix):
+def site_key_revoke(*, prefix: str) -> SiteAPIKey:
     """Revoke the key whose prefix is ``prefix``; returns it. Revocation cannot be undone."""
     api_key = SiteAPIKey.objects.select_for_update().filter(prefix=prefix).select_related("site").first()
     if api_key is None:
@@ -27,8 +43,239 @@ def site_key_revoke(*, prefix):
     return api_key
 
 
-def site_get(*, site_id):
+def site_get(*, site_id: str) -> Site:
+    """The site whose site_id is ``site_id``; SiteKeyError naming it if there is none."""
     site = Site.objects.filter(site_id=site_id).first()
     if site is None:
         raise SiteKeyError(f"No site with site_id {site_id!r}. Create it in the admin or with outbox_config import.")
     return site
+
+
+# --- heartbeats ---------------------------------------------------------------------------------
+
+
+def site_is_silent(*, last_heartbeat_at: datetime | None, now: datetime) -> bool:
+    """True when a site's agent has not sent a heartbeat for OUTBOX_SITE_SILENT_AFTER seconds
+    (or never has)."""
+    if last_heartbeat_at is None:
+        return True
+    return now - last_heartbeat_at > timedelta(seconds=settings.OUTBOX_SITE_SILENT_AFTER)
+
+
+def site_heartbeat_record(*, site: Site, report: dict[str, Any]) -> list[SiteCommand]:
+    """Store ``report`` (agent_version, buffered, parked, oldest_buffered_at, last_forward_at,
+    last_error) as the site's latest heartbeat; returns the site's pending commands, oldest
+    first, which the agent is to execute (they stay pending until it acknowledges them)."""
+    now = database_now()
+    SiteHeartbeat.objects.update_or_create(
+        site=site,
+        defaults={
+            "received_at": now,
+            "agent_version": report.get("agent_version") or "",
+            "buffered": report.get("buffered") or 0,
+            "parked": report.get("parked") or 0,
+            "oldest_buffered_at": report.get("oldest_buffered_at"),
+            "last_forward_at": report.get("last_forward_at"),
+            "last_error": report.get("last_error") or "",
+        },
+    )
+    pending = list(SiteCommand.objects.filter(site=site, state=SiteCommand.State.PENDING).order_by("created_at")[:100])
+    if pending:
+        SiteCommand.objects.filter(pk__in=[command.pk for command in pending]).update(sent_at=now)
+    return pending
+
+
+# --- notifications parked at sites ----------------------------------------------------------------
+
+_TEXT_FIELDS = ("type", "list_name", "subject", "source_instance_id", "source_script")
+
+
+def _fit(field: str, value: object) -> str:
+    """``value`` as text cut to the column's length: a report must never be refused for a
+    field the site accepted (an over-long unknown type is a reason rows park)."""
+    text = "" if value is None else str(value)
+    limit = getattr(SiteParkedNotification._meta.get_field(field), "max_length", None)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def site_parked_report(
+    *, site: Site, parked: Iterable[dict[str, Any]], unparked: Iterable[dict[str, Any]]
+) -> tuple[int, int]:
+    """Apply a site's parked report, idempotently by notification id: ``parked`` rows are parked
+    at the site now (created, or updated with the new reason); ``unparked`` rows (``outcome``
+    retried or discarded) left that state. Returns ``(parked, unparked)`` rows changed."""
+    now = database_now()
+    rows = {}
+    for item in parked:
+        rows[item["notification_id"]] = SiteParkedNotification(
+            site=site,
+            notification_id=item["notification_id"],
+            **{field: _fit(field, item.get(field)) for field in _TEXT_FIELDS},
+            site_enqueued_at=item.get("site_enqueued_at"),
+            reason=item.get("reason") or "",
+            retry_count=item.get("retry_count") or 0,
+            parked_at=item.get("parked_at"),
+            state=Parked.PARKED,
+            state_changed_at=now,
+            reported_at=now,
+        )
+    with transaction.atomic():
+        if rows:
+            SiteParkedNotification.objects.bulk_create(
+                list(rows.values()),
+                update_conflicts=True,
+                unique_fields=["site", "notification_id"],
+                update_fields=[
+                    *_TEXT_FIELDS,
+                    "site_enqueued_at",
+                    "reason",
+                    "retry_count",
+                    "parked_at",
+                    "state",
+                    "state_changed_at",
+                    "reported_at",
+                ],
+            )
+        left = 0
+        by_outcome: dict[str, list[uuid.UUID]] = {}
+        for item in unparked:
+            if item["notification_id"] not in rows:
+                by_outcome.setdefault(item["outcome"], []).append(item["notification_id"])
+        for outcome, ids in by_outcome.items():
+            left += SiteParkedNotification.objects.filter(
+                site=site, notification_id__in=ids, state=Parked.PARKED
+            ).update(state=outcome, state_changed_at=now, reported_at=now)
+    return len(rows), left
+
+
+# --- operator commands --------------------------------------------------------------------------
+
+
+class SiteCommandError(Exception):
+    """An operator command that cannot be issued; the message says why."""
+
+
+@dataclass(frozen=True)
+class IssueOutcome:
+    """``command`` issued (or the identical one already pending); ``error`` says why not."""
+
+    parked: SiteParkedNotification
+    command: SiteCommand | None
+    error: str = ""
+
+
+def site_commands_issue(
+    *, parked_ids: Iterable[int], action: str, user: User | None, reason: str = ""
+) -> list[IssueOutcome]:
+    """Issue ``action`` (retry or discard) for each site-parked row in ``parked_ids``; the
+    site's agent executes it on its next heartbeat. Only rows still parked at their site get a
+    command; a row with the same action already pending keeps that one (idempotent); a row
+    with the other action pending is refused. Discard needs a non-blank ``reason``. Every
+    issued command gets an admin history entry naming ``user``. One outcome per row found."""
+    if action not in SiteCommand.Action.values:
+        raise SiteCommandError(f"Unknown action {action!r}; use retry or discard.")
+    reason = reason.strip()
+    if action == SiteCommand.Action.DISCARD and not reason:
+        raise SiteCommandError("A discard needs a reason (it is recorded with the command).")
+    outcomes = []
+    with transaction.atomic():
+        rows = list(
+            SiteParkedNotification.objects.select_for_update().filter(pk__in=list(parked_ids)).select_related("site")
+        )
+        pending = {
+            (command.site_id, command.notification_id): command
+            for command in SiteCommand.objects.filter(
+                state=SiteCommand.State.PENDING,
+                site_id__in={row.site_id for row in rows},
+                notification_id__in=[row.notification_id for row in rows],
+            )
+        }
+        issued = []
+        for row in rows:
+            existing = pending.get((row.site_id, row.notification_id))
+            if row.state != Parked.PARKED:
+                outcomes.append(IssueOutcome(row, None, f"no longer parked at the site ({row.get_state_display()})"))
+            elif existing is not None and existing.action == action:
+                outcomes.append(IssueOutcome(row, existing))
+            elif existing is not None:
+                outcomes.append(IssueOutcome(row, None, f"a {existing.get_action_display()} is already pending"))
+            else:
+                command = SiteCommand.objects.create(
+                    site=row.site,
+                    notification_id=row.notification_id,
+                    action=action,
+                    reason=reason,
+                    created_by=user if user is not None and user.pk else None,
+                )
+                outcomes.append(IssueOutcome(row, command))
+                issued.append(row)
+        if issued and user is not None and user.pk:
+            message = f"{action.capitalize()} sent to the site's agent" + (f"; reason: {reason}" if reason else "")
+            LogEntry.objects.log_actions(
+                user_id=user.pk, queryset=issued, action_flag=CHANGE, change_message=message[:2000]
+            )
+    return outcomes
+
+
+def site_command_acknowledge(*, site: Site, command_id: uuid.UUID, result: str, detail: str) -> SiteCommand | None:
+    """Record the agent's result (done or failed) of one of ``site``'s commands; the first
+    result wins, so a repeated acknowledgement changes nothing. A done command also moves its
+    row out of the parked state (the agent's own report says the same). None when ``site`` has
+    no such command."""
+    with transaction.atomic():
+        command = SiteCommand.objects.select_for_update().filter(pk=command_id, site=site).first()
+        if command is None:
+            return None
+        if command.state == SiteCommand.State.PENDING:
+            now = database_now()
+            command.state = result
+            command.detail = detail
+            command.acknowledged_at = now
+            command.save(update_fields=["state", "detail", "acknowledged_at"])
+            if result == SiteCommand.State.DONE:
+                outcome = Parked.RETRIED if command.action == SiteCommand.Action.RETRY else Parked.DISCARDED
+                SiteParkedNotification.objects.filter(
+                    site=site, notification_id=command.notification_id, state=Parked.PARKED
+                ).update(state=outcome, state_changed_at=now)
+    return command
+
+
+# --- site figures for the KPIs ------------------------------------------------------------------
+
+
+def sites_kpis() -> dict[str, dict[str, Any]]:
+    """For every active site: ``site_backlog`` (rows its agent holds for central),
+    ``parked_at_site``, ``silent`` and ``last_heartbeat_at`` (ISO, None if never), from the
+    latest heartbeats. The backlog and parked figures are None for a site never heard from."""
+    now = database_now()
+    figures = {}
+    for site_id, received_at, buffered, parked in Site.objects.filter(active=True).values_list(
+        "site_id", "heartbeat__received_at", "heartbeat__buffered", "heartbeat__parked"
+    ):
+        figures[site_id] = {
+            "site_backlog": buffered,
+            "parked_at_site": parked,
+            "silent": site_is_silent(last_heartbeat_at=received_at, now=now),
+            "last_heartbeat_at": None if received_at is None else received_at.isoformat().replace("+00:00", "Z"),
+        }
+    return figures
+
+
+def site_kpis_add(kpis: dict[str, Any]) -> dict[str, Any]:
+    """``kpis`` (notifications.kpis.kpis_compute's answer) with every active site's figures
+    (see sites_kpis) added to its per-site entry (created, with zero notification figures, for
+    a site that has none), and ``site_backlog``, ``parked_at_site`` and ``silent_sites`` added
+    to the global figures."""
+    from notifications.kpis import COUNTS
+
+    per_site = kpis["per_site"]
+    totals = {"site_backlog": 0, "parked_at_site": 0, "silent_sites": 0}
+    for site_id, figures in sites_kpis().items():
+        entry = per_site.setdefault(site_id, {**dict.fromkeys(COUNTS, 0), "oldest_pending_age_seconds": None})
+        entry.update(figures)
+        totals["site_backlog"] += figures["site_backlog"] or 0
+        totals["parked_at_site"] += figures["parked_at_site"] or 0
+        totals["silent_sites"] += int(figures["silent"])
+    kpis["per_site"] = dict(sorted(per_site.items()))
+    kpis["global"].update(totals)
+    return kpis

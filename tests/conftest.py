@@ -1,55 +1,101 @@
-"""Shared fixtures: a site, its key, an authenticated API client, a notification list."""
+"""Shared fixtures: the test run's settings, a site, its key, an authenticated API client, a
+notification list and a payload. Helpers live in tests/support/."""
 
-import uuid
+import os
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 from notifications.models import EmailRecipient, NotificationList
 from sites.models import Site
 from sites.services import site_key_issue
+from tests.support.payloads import make_payload
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix: None, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """On SQLite, the test database is a file in this run's temporary directory: a file, not
+    memory, so that processes a test starts share it; per run, so that two runs on one
+    checkout do not collide."""
+    database = connections["default"]
+    if database.vendor == "sqlite":
+        name = tmp_path_factory.mktemp("database") / "test_outbox.sqlite3"
+        database.settings_dict.setdefault("TEST", {})["NAME"] = str(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_run_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """For the whole run, here and in every process a test starts: the dispatch trigger is off
+    unless a test is marked ``dispatch_trigger``; STATIC_ROOT is an (empty) directory of this
+    run, not var/ of the checkout. In this process, passwords use a fast hasher: the hash
+    algorithm is Django's, not what these tests examine, and the default one costs a
+    noticeable fraction of a second per user created."""
+    static_root = str(tmp_path_factory.mktemp("static"))
+    with (
+        mock.patch.dict(os.environ, {"OUTBOX_DISPATCH_TRIGGER": "false", "STATIC_ROOT": static_root}),
+        override_settings(
+            OUTBOX_DISPATCH_TRIGGER=False,
+            STATIC_ROOT=static_root,
+            PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
+        ),
+    ):
+        yield
 
 
 @pytest.fixture(autouse=True)
-def _fresh_rate_limits():
-    """Each test starts with full per-site token buckets."""
-    from sites.throttling import SiteRateThrottle
+def _dispatch_trigger(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``dispatch_trigger`` run with the trigger on (in this process)."""
+    if request.node.get_closest_marker("dispatch_trigger"):
+        request.getfixturevalue("settings").OUTBOX_DISPATCH_TRIGGER = True
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_limits() -> None:
+    """Each test starts with full per-site and failed-authentication token buckets."""
+    from sites.throttling import SiteRateThrottle, auth_failures
 
     SiteRateThrottle._buckets.clear()
+    auth_failures.clear()
 
 
 @pytest.fixture
-def postgres_only(db):
+def postgres_only(db: None) -> None:
     """Skip (with a printed reason) where the test database is not PostgreSQL."""
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL (set DATABASE_URL=postgres://…); this run uses SQLite")
 
 
 @pytest.fixture
-def site(db):
+def site(db: None) -> Site:
     return Site.objects.create(site_id="plant-a", name="Plant A")
 
 
 @pytest.fixture
-def site_key(site):
+def site_key(site: Site) -> str:
     _, key = site_key_issue(site=site)
     return key
 
 
 @pytest.fixture
-def other_site(db):
+def other_site(db: None) -> Site:
     return Site.objects.create(site_id="plant-b", name="Plant B")
 
 
 @pytest.fixture
-def other_site_key(other_site):
+def other_site_key(other_site: Site) -> str:
     _, key = site_key_issue(site=other_site)
     return key
 
 
 @pytest.fixture
-def api(site_key):
+def api(site_key: str) -> APIClient:
     """An API client authenticated as plant-a."""
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Api-Key {site_key}")
@@ -57,29 +103,13 @@ def api(site_key):
 
 
 @pytest.fixture
-def operators_list(db):
+def operators_list(db: None) -> NotificationList:
     notification_list = NotificationList.objects.create(name="Operators")
     EmailRecipient.objects.create(notification_list=notification_list, email="op1@example.com")
     EmailRecipient.objects.create(notification_list=notification_list, email="op2@example.com")
     return notification_list
 
 
-def make_payload(**overrides):
-    payload = {
-        "notification_id": str(uuid.uuid4()),
-        "type": "email",
-        "list_name": "Operators",
-        "subject": "Pump 3 tripped",
-        "body": "Pump 3 tripped on overcurrent at 10:00.",
-        "type_data": {},
-        "source_instance_id": "Pump3",
-        "source_script": "OnTrip",
-        "site_enqueued_at": "2026-11-21T10:00:00Z",
-    }
-    payload.update(overrides)
-    return payload
-
-
 @pytest.fixture
-def payload():
+def payload() -> dict[str, Any]:
     return make_payload()

@@ -4,7 +4,12 @@ The registry maps a notification ``type`` to the dotted path of its adapter clas
 paths, not classes, so models can derive their choices without importing adapter code.
 """
 
+from typing import TYPE_CHECKING
+
 from django.utils.module_loading import import_string
+
+if TYPE_CHECKING:
+    from notifications.adapters.base import Adapter
 
 ADAPTER_PATHS = {
     "email": "notifications.adapters.email.EmailAdapter",
@@ -12,10 +17,10 @@ ADAPTER_PATHS = {
 
 TYPE_CHOICES = [(name, name) for name in ADAPTER_PATHS]
 
-_loaded = {}
+_loaded: dict[str, "Adapter"] = {}
 
 
-def adapter_for(type_name):
+def adapter_for(type_name: str) -> "Adapter":
     """The adapter instance for ``type_name``; KeyError if no adapter is registered."""
     if type_name not in _loaded:
         _loaded[type_name] = import_string(ADAPTER_PATHS[type_name])()

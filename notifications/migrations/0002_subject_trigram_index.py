@@ -1,6 +1,6 @@
 """Trigram index on subject so keyword search stays fast on millions of rows (PostgreSQL).
 
-SQLite has no trigram support; there the search is a plain LIKE scan (documented in README).
+SQLite has no trigram support; there the search is a plain LIKE scan (documented in docs/architecture.md).
 """
 
 from django.db import migrations

@@ -1,4 +1,4 @@
-"""The two console roles (DESIGN §5): Operators watch the outbox and retry or discard parked
+"""The two console roles (docs/operations.md): Operators watch the outbox and retry or discard parked
 notifications; Administrators also manage notification lists, the SMTP configuration and
 sites with their keys. Nobody gets add/change/delete on notifications: the admin refuses them
 to everyone anyway, and the groups should say what the roles are.

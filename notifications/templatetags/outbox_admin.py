@@ -1,24 +1,27 @@
 """Template helpers for the operations console (KPI tiles on the outbox page and dashboard)."""
 
+from collections.abc import Mapping
+from typing import Any
+
 from django import template
 from django.conf import settings
+
+from notifications.kpis import kpis_compute
 
 register = template.Library()
 
 
 @register.simple_tag(takes_context=True)
-def outbox_dashboard_kpis(context):
+def outbox_dashboard_kpis(context: template.Context) -> dict[str, Any] | None:
     """The KPIs for the admin index, or None when the user may not view notifications."""
     request = context.get("request")
     if request is None or not request.user.has_perm("notifications.view_notification"):
         return None
-    from notifications.admin import outbox_kpis
-
-    return outbox_kpis()
+    return kpis_compute()
 
 
 @register.filter
-def age(seconds):
+def age(seconds: float | None) -> str:
     """A queue age for a tile: "—" when nothing is queued, else the two largest units."""
     if seconds is None:
         return "—"
@@ -35,24 +38,32 @@ def age(seconds):
     return f"{days} d {hours} h" if hours else f"{days} d"
 
 
-@register.filter
-def kpi_interval(kpis):
-    """The "delivered in the last …" window, in words."""
+@register.simple_tag
+def kpi_interval() -> str:
+    """The "delivered in the last …" window (OUTBOX_KPI_INTERVAL), in words."""
     return age(settings.OUTBOX_KPI_INTERVAL)
 
 
-@register.filter
-def stuck_minutes(kpis):
+@register.simple_tag
+def stuck_minutes() -> int:
+    """The stuck-age threshold (OUTBOX_STUCK_AGE) in whole minutes."""
     return settings.OUTBOX_STUCK_AGE // 60
 
 
 @register.filter
-def sorted_items(mapping):
+def sorted_items(mapping: Mapping[Any, Any] | None) -> list[tuple[Any, Any]]:
+    """The items of ``mapping`` sorted by key (as text)."""
     return sorted((mapping or {}).items(), key=lambda item: str(item[0]))
 
 
 @register.filter
-def iso_utc(value):
-    """"2026-11-23T08:09:41.293676Z" → "2026-11-23 08:09:41 UTC"."""
+def nonzero_items(mapping: Mapping[Any, Any] | None) -> list[tuple[Any, Any]]:
+    """The items of ``mapping`` whose value is not zero, in its order."""
+    return [(key, value) for key, value in (mapping or {}).items() if value]
+
+
+@register.filter
+def iso_utc(value: object) -> str:
+    """ "2026-11-23T08:09:41.293676Z" → "2026-11-23 08:09:41 UTC"."""
     text = str(value or "")
     return f"{text[:10]} {text[11:19]} UTC" if len(text) >= 19 else text

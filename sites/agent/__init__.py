@@ -1,6 +1,7 @@
 """The site agent: a durable local buffer plus a store-and-forward forwarder to central.
 
-Pure standard library — no Django — so a site can run it next to its scripts::
+Pure standard library — no Django, no third-party package — on Python 3.8 to 3.13 and SQLite
+3.26 or later, on Linux and Windows, so a site can run it next to its scripts::
 
     from sites.agent import SiteOutbox
 
@@ -10,16 +11,28 @@ Pure standard library — no Django — so a site can run it next to its scripts
 See docs/site-agent.md.
 """
 
-from sites.agent.central import CentralUnreachable
+__version__ = "0.3.0"
+
+from sites.agent.central import CentralUnreachable  # after __version__: the cli imports it
+from sites.agent.contract import InvalidNotification
 from sites.agent.forwarder import CredentialRejected, ForwardResult
-from sites.agent.outbox import STATUS_FORWARDING, STATUS_PARKED_AT_SITE, AgentNotConfigured, SiteOutbox
+from sites.agent.outbox import (
+    STATUS_FORWARDING,
+    STATUS_PARKED_AT_SITE,
+    AgentNotConfigured,
+    SiteOutbox,
+)
+from sites.agent.stopping import StopSignal
 
 __all__ = [
+    "STATUS_FORWARDING",
+    "STATUS_PARKED_AT_SITE",
     "AgentNotConfigured",
     "CentralUnreachable",
     "CredentialRejected",
     "ForwardResult",
-    "STATUS_FORWARDING",
-    "STATUS_PARKED_AT_SITE",
+    "InvalidNotification",
     "SiteOutbox",
+    "StopSignal",
+    "__version__",
 ]

@@ -13,6 +13,8 @@ Exit status: 0 everything was forwarded (and, with ``--strict``, within the targ
 2 configuration error; 3 central rejected the key.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -20,18 +22,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from sites.agent.buffer import iso_utc, utc_now
+from sites.agent.contract import notification_payload
 from sites.agent.forwarder import CredentialRejected
-from sites.agent.outbox import SiteOutbox, notification_payload
+from sites.agent.outbox import SiteOutbox
 
 TARGET_SECONDS = 10.0
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m sites.agent.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--central-url", default=os.environ.get("OUTBOX_CENTRAL_URL"),
-                        help="central's base URL ($OUTBOX_CENTRAL_URL)")  # fmt: skip
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line."""
+    parser = argparse.ArgumentParser(prog="python -m sites.agent.bench", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--central-url", default=os.environ.get("OUTBOX_CENTRAL_URL"), help="central's base URL ($OUTBOX_CENTRAL_URL)"
+    )
     parser.add_argument("--key", default=os.environ.get("OUTBOX_SITE_KEY"), help="site API key ($OUTBOX_SITE_KEY)")
     parser.add_argument("--count", type=int, default=10_000, help="backlog size (10000)")
     parser.add_argument("--batch-size", type=int, default=500, help="notifications per batch request (500)")
@@ -43,25 +49,46 @@ def build_parser():
     return parser
 
 
-def fill(outbox, *, count, list_name):
+def fill(outbox: SiteOutbox, *, count: int, list_name: str) -> None:
     """Put ``count`` notifications in the buffer in one transaction."""
     rows = []
     for n in range(count):
         now = iso_utc(utc_now())
         notification_id, text = notification_payload(
-            list_name=list_name, subject=f"Bench notification {n}", body=f"Backlog item {n} of {count}.",
-            source_instance_id=f"Bench{n % 100}", source_script="bench", type="email", type_data={},
-            site_id=outbox.site_id, enqueued_at=now,
-        )  # fmt: skip
+            list_name=list_name,
+            subject=f"Bench notification {n}",
+            body=f"Backlog item {n} of {count}.",
+            source_instance_id=f"Bench{n % 100}",
+            source_script="bench",
+            type="email",
+            type_data={},
+            site_id=outbox.site_id,
+            enqueued_at=now,
+        )
         rows.append((notification_id, text, now))
     outbox.buffer.insert_many(rows)
 
 
-def run(*, central_url, key, count, batch_size, list_name, timeout, target_seconds):
+def run(
+    *,
+    central_url: str,
+    key: str,
+    count: int,
+    batch_size: int,
+    list_name: str,
+    timeout: float,
+    target_seconds: float,
+) -> dict[str, Any]:
     """Fill, drain, measure. Returns the result dict (raises CredentialRejected on 401/403)."""
-    with tempfile.TemporaryDirectory(prefix="outbox-agent-bench-") as directory:
-        with SiteOutbox(Path(directory) / "buffer.sqlite3", central_url, key,
-                        batch_size=batch_size, timeout=timeout, retry_interval=0) as outbox:  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="outbox-agent-bench-") as directory:  # noqa: SIM117 - Python 3.8 has no parenthesised with
+        with SiteOutbox(
+            Path(directory) / "buffer.sqlite3",
+            central_url,
+            key,
+            batch_size=batch_size,
+            timeout=timeout,
+            retry_interval=0,
+        ) as outbox:
             fill(outbox, count=count, list_name=list_name)
             totals = {"forwarded": 0, "parked": 0, "requests": 0, "sweeps": 0}
             started = time.perf_counter()
@@ -87,10 +114,13 @@ def run(*, central_url, key, count, batch_size, list_name, timeout, target_secon
     }
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns the exit status."""
     args = build_parser().parse_args(argv)
-    for value, flag, variable in ((args.central_url, "--central-url", "OUTBOX_CENTRAL_URL"),
-                                  (args.key, "--key", "OUTBOX_SITE_KEY")):  # fmt: skip
+    for value, flag, variable in (
+        (args.central_url, "--central-url", "OUTBOX_CENTRAL_URL"),
+        (args.key, "--key", "OUTBOX_SITE_KEY"),
+    ):
         if not value:
             print(f"error: pass {flag} or set {variable}", file=sys.stderr)
             return 2
@@ -99,9 +129,14 @@ def main(argv=None):
         return 2
     try:
         report = run(
-            central_url=args.central_url, key=args.key, count=args.count, batch_size=args.batch_size,
-            list_name=args.list_name, timeout=args.timeout, target_seconds=args.target_seconds,
-        )  # fmt: skip
+            central_url=args.central_url,
+            key=args.key,
+            count=args.count,
+            batch_size=args.batch_size,
+            list_name=args.list_name,
+            timeout=args.timeout,
+            target_seconds=args.target_seconds,
+        )
     except CredentialRejected as error:
         print(f"error: {error}", file=sys.stderr)
         return 3

@@ -1,45 +1,97 @@
-"""``python -m sites.agent``: operator commands for a site's outbox buffer.
+"""``python -m sites.agent`` (or ``python outbox-agent.pyz``, or ``outbox-agent``): operator
+commands for a site's outbox buffer.
 
 Configuration comes from flags or the environment: ``--db`` / ``OUTBOX_AGENT_DB``,
 ``--central-url`` / ``OUTBOX_CENTRAL_URL``, ``--key`` / ``OUTBOX_SITE_KEY`` (prefer the
-environment for the key: command lines are visible to every local user).
+environment for the key: command lines are visible to every local user), ``--ca-file`` /
+``OUTBOX_CA_FILE``, ``--client-cert`` / ``OUTBOX_CLIENT_CERT``, ``--client-key`` /
+``OUTBOX_CLIENT_KEY``, ``--proxy`` / ``HTTPS_PROXY`` or ``HTTP_PROXY``, ``--no-proxy`` /
+``NO_PROXY``, ``--max-body-bytes`` / ``OUTBOX_MAX_BODY_BYTES``.
 
-Exit status: 0 done; 1 the notification is unknown or not in the state the command needs;
-2 usage or configuration error; 3 central rejected the site credential; 4 central unreachable.
+Exit status: 0 done; 1 the notification is unknown or not in the state the command needs, or a
+``doctor`` check failed; 2 usage or configuration error; 3 central rejected the site credential;
+4 central unreachable; 5 a standby ``restore`` failed.
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import logging
 import os
-import signal
+import sqlite3
 import sys
-import threading
+from typing import Any, Callable
 
-from sites.agent.central import CentralUnreachable
-from sites.agent.forwarder import CredentialRejected
+from sites.agent import __version__
+from sites.agent.central import CentralClient, CentralUnreachable
+from sites.agent.contract import MAX_BODY_BYTES
+from sites.agent.doctor import doctor_failed, doctor_run
+from sites.agent.forwarder import CredentialRejected, ForwardResult
 from sites.agent.outbox import AgentNotConfigured, SiteOutbox
+from sites.agent.standby import RPO_SECONDS, StandbyError, litestream_config, replica_from, standby_restore
+from sites.agent.stopping import StopSignal
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_CONFIG, EXIT_CREDENTIAL, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+EXIT_DOCTOR_FAILED = 1
+EXIT_STANDBY = 5
 
 ENV_DB = "OUTBOX_AGENT_DB"
 ENV_URL = "OUTBOX_CENTRAL_URL"
 ENV_KEY = "OUTBOX_SITE_KEY"
+ENV_CA_FILE = "OUTBOX_CA_FILE"
+ENV_CLIENT_CERT = "OUTBOX_CLIENT_CERT"
+ENV_CLIENT_KEY = "OUTBOX_CLIENT_KEY"
+ENV_MAX_BODY_BYTES = "OUTBOX_MAX_BODY_BYTES"
+ENV_HEARTBEAT = "OUTBOX_AGENT_HEARTBEAT"
+ENV_LITESTREAM_NAME = "OUTBOX_LITESTREAM"
+DEFAULT_HEARTBEAT = 30.0
 
 
 class ConfigError(Exception):
-    pass
+    """A setting is missing or wrong; the message names it."""
 
 
-def build_parser():
+def version_text() -> str:
+    """``outbox-site-agent 0.2.0 (Python 3.8.18, SQLite 3.40.1)``."""
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    return f"outbox-site-agent {__version__} (Python {python}, SQLite {sqlite3.sqlite_version})"
+
+
+def _prog() -> str:
+    launched = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if launched.endswith(".pyz") or launched.startswith("outbox-agent"):
+        return launched
+    return "python -m sites.agent"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: global settings, then one command."""
     parser = argparse.ArgumentParser(
-        prog="python -m sites.agent",
+        prog=_prog(),
         description="Site outbox agent: buffer notifications locally and forward them to central.",
     )
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--db", help=f"SQLite buffer file (default: ${ENV_DB})")
     parser.add_argument("--central-url", help=f"central's base URL, e.g. https://outbox.example.com (${ENV_URL})")
     parser.add_argument("--key", help=f"the site API key (default: ${ENV_KEY}; prefer the environment)")
     parser.add_argument("--site-id", help="optional: stamp source_site_id (must match the key's site)")
+    network = parser.add_argument_group("connection to central")
+    network.add_argument("--ca-file", help=f"PEM file of the CA(s) trusted for central's certificate (${ENV_CA_FILE})")
+    network.add_argument("--client-cert", help=f"PEM client certificate for mutual TLS (${ENV_CLIENT_CERT})")
+    network.add_argument("--client-key", help=f"PEM key of the client certificate (${ENV_CLIENT_KEY})")
+    network.add_argument(
+        "--proxy",
+        help="http://[user:password@]host:port of an HTTP proxy; 'none' for a direct connection "
+        "(default: $HTTPS_PROXY for https central, $HTTP_PROXY for http)",
+    )
+    network.add_argument("--no-proxy", help="hosts reached without the proxy, comma-separated (default: $NO_PROXY)")
+    network.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help=f"central's request body limit; larger notifications are refused at send (${ENV_MAX_BODY_BYTES}, "
+        f"default {MAX_BODY_BYTES})",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     send = commands.add_parser("send", help="buffer one notification and print its id")
@@ -62,6 +114,11 @@ def build_parser():
     forward.add_argument("--max-retries", type=int, default=50, help="park after this many failures; 0 = never (50)")
     forward.add_argument("--batch-size", type=int, default=500, help="notifications per batch request (500)")
     forward.add_argument("--timeout", type=float, default=10, help="seconds to wait for central (10)")
+    forward.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        help=f"seconds between heartbeats to central; 0 = none (${ENV_HEARTBEAT}, default {DEFAULT_HEARTBEAT:g})",
+    )
     forward.add_argument("--quiet", action="store_true", help="no per-request progress lines")
 
     parked = commands.add_parser("parked", help="list notifications parked at this site")
@@ -75,18 +132,91 @@ def build_parser():
 
     stats = commands.add_parser("stats", help="buffered and parked counts")
     stats.add_argument("--json", action="store_true")
+
+    def replica_options(command: argparse.ArgumentParser) -> None:
+        command.add_argument(
+            "--replica", required=True, help="replica directory (e.g. a mounted share) or s3://bucket/path"
+        )
+        command.add_argument("--endpoint", help="S3-compatible endpoint URL (MinIO, Ceph, …) for an s3:// replica")
+        command.add_argument("--region", help="bucket region for an s3:// replica")
+        command.add_argument(
+            "--force-path-style", action="store_true", help="path-style bucket addressing (most S3-compatible stores)"
+        )
+
+    standby_config = commands.add_parser(
+        "standby-config", help="print a Litestream configuration replicating the buffer to a standby replica"
+    )
+    replica_options(standby_config)
+
+    restore = commands.add_parser("restore", help="rebuild the buffer (--db) from a Litestream replica, on a standby")
+    replica_options(restore)
+    restore.add_argument("--litestream", help=f"the litestream executable (default: ${ENV_LITESTREAM_NAME} or PATH)")
+    restore.add_argument("--force", action="store_true", help="replace an existing buffer file at --db")
+
+    doctor = commands.add_parser(
+        "doctor", help="check central, the key, the clock, SQLite, the buffer and the disk (OK/WARN/FAIL)"
+    )
+    doctor.add_argument("--timeout", type=float, default=10, help="seconds to wait for central (10)")
+    doctor.add_argument("--json", action="store_true", help="print the checks as a JSON list")
     return parser
 
 
-def _setting(value, variable, what):
+def _setting(value: str | None, variable: str, what: str) -> str:
     value = value or os.environ.get(variable, "").strip()
     if not value:
         raise ConfigError(f"{what} is not configured: set {variable} or pass the flag")
     return value
 
 
-def open_outbox(args, *, needs_central, **options):
+def _optional(value: str | None, variable: str) -> str | None:
+    return value or os.environ.get(variable, "").strip() or None
+
+
+def network_options(args: argparse.Namespace) -> dict[str, Any]:
+    """TLS and proxy keyword arguments for SiteOutbox/CentralClient from flags and environment."""
+    proxy = args.proxy
+    if proxy is not None and proxy.strip().lower() in ("", "none", "direct"):
+        proxy = ""
+    return {
+        "ca_file": _optional(args.ca_file, ENV_CA_FILE),
+        "client_cert": _optional(args.client_cert, ENV_CLIENT_CERT),
+        "client_key": _optional(args.client_key, ENV_CLIENT_KEY),
+        "proxy": proxy,  # None: from the environment
+        "no_proxy": args.no_proxy,
+    }
+
+
+def _max_body_bytes(args: argparse.Namespace) -> int:
+    if args.max_body_bytes is not None:
+        return int(args.max_body_bytes)
+    text = os.environ.get(ENV_MAX_BODY_BYTES, "").strip()
+    if not text:
+        return MAX_BODY_BYTES
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{ENV_MAX_BODY_BYTES} must be a whole number of bytes, got {text!r}") from None
+
+
+def _heartbeat_interval(value: float | None) -> float:
+    if value is None:
+        text = os.environ.get(ENV_HEARTBEAT, "").strip()
+        if not text:
+            return DEFAULT_HEARTBEAT
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{ENV_HEARTBEAT} must be a number of seconds, got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"the heartbeat interval must be 0 (none) or more seconds, got {value:g}")
+    return value
+
+
+def open_outbox(args: argparse.Namespace, *, needs_central: bool, **options: Any) -> SiteOutbox:
+    """A SiteOutbox from flags and environment; ConfigError naming what is missing or wrong."""
     db = _setting(args.db, ENV_DB, "the buffer database (--db)")
+    url: str | None
+    key: str | None
     if needs_central:
         url = _setting(args.central_url, ENV_URL, "central's URL (--central-url)")
         key = _setting(args.key, ENV_KEY, "the site API key (--key)")
@@ -94,14 +224,23 @@ def open_outbox(args, *, needs_central, **options):
         url = args.central_url or os.environ.get(ENV_URL) or None
         key = args.key or os.environ.get(ENV_KEY) or None
     try:
-        return SiteOutbox(db, url, key, site_id=args.site_id, **options)
+        return SiteOutbox(
+            db,
+            url,
+            key,
+            site_id=args.site_id,
+            max_body_bytes=_max_body_bytes(args),
+            **network_options(args),
+            **options,
+        )
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    handler = globals()[f"command_{args.command}"]
+    handler: Callable[[argparse.Namespace], int] = globals()[f"command_{args.command.replace('-', '_')}"]
     try:
         return handler(args)
     except ConfigError as error:
@@ -113,18 +252,24 @@ def main(argv=None):
     except CentralUnreachable as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except StandbyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_STANDBY
 
 
 # --- commands -----------------------------------------------------------------------------
 
 
-def command_send(args):
+def command_send(args: argparse.Namespace) -> int:
+    """Buffer one notification; print its id."""
     type_data = None
     if args.type_data:
         try:
             type_data = json.loads(args.type_data)
         except ValueError as error:
             raise ConfigError(f"--type-data is not JSON: {error}") from None
+        except RecursionError:
+            raise ConfigError("--type-data is nested too deeply") from None
     with open_outbox(args, needs_central=False) as outbox:
         try:
             notification_id = outbox.notify(args.list_name).send(
@@ -141,7 +286,8 @@ def command_send(args):
     return EXIT_OK
 
 
-def command_status(args):
+def command_status(args: argparse.Namespace) -> int:
+    """Print where a notification is."""
     with open_outbox(args, needs_central=False) as outbox:
         try:
             record = outbox.status(args.notification_id)
@@ -166,7 +312,8 @@ def command_status(args):
     return EXIT_OK
 
 
-def command_forward(args):
+def command_forward(args: argparse.Namespace) -> int:
+    """Forward until SIGTERM/SIGINT (or Ctrl+Break on Windows), or one sweep with ``--once``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     outbox = open_outbox(
         args,
@@ -176,9 +323,10 @@ def command_forward(args):
         max_retries=args.max_retries,
         batch_size=args.batch_size,
         timeout=args.timeout,
+        heartbeat_interval=_heartbeat_interval(args.heartbeat_interval),
     )
 
-    def progress(result):
+    def progress(result: ForwardResult) -> None:
         if not args.quiet:
             left = outbox.stats()
             print(
@@ -187,34 +335,88 @@ def command_forward(args):
                 flush=True,
             )
 
-    with outbox:
-        print(f"forwarding {outbox.buffer.path} → {outbox.client.base_url} "
-              f"({outbox.stats()['buffered']} buffered)", flush=True)  # fmt: skip
-        stop = threading.Event()
-        received = []
-
-        def request_stop(signum, frame):
-            # No printing here (it could re-enter a print the signal interrupted), and the event
-            # is set from another thread: the handler may run while this thread holds the
-            # event's lock inside Event.wait(), and setting it here would deadlock.
-            received.append(signal.Signals(signum).name)
-            threading.Thread(target=stop.set, daemon=True).start()
-
-        previous = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            if args.once:
-                result = outbox.forward_once(stop_event=stop, progress=progress)
-                print(f"done: {json.dumps(result.as_dict())}", flush=True)
-                return EXIT_OK
-            outbox.run_forever(stop, progress=progress)
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-        print(f"{received[0] if received else 'stop'} received: finished the current request; stopped", flush=True)
+    with outbox, StopSignal() as stop, stop.on_signals():
+        client = outbox.client
+        assert client is not None  # needs_central
+        print(
+            f"forwarding {outbox.buffer.path} → {client.base_url} ({client.route}; "
+            f"{outbox.stats()['buffered']} buffered)",
+            flush=True,
+        )
+        if args.once:
+            result = outbox.forward_once(stop_event=stop, progress=progress)
+            print(f"done: {json.dumps(result.as_dict())}", flush=True)
+            return EXIT_OK
+        outbox.run_forever(stop, progress=progress)
+        print(f"{stop.reason} received: finished the current request; stopped", flush=True)
     return EXIT_OK
 
 
-def command_parked(args):
+def _replica(args: argparse.Namespace) -> Any:
+    return replica_from(
+        args.replica, endpoint=args.endpoint, region=args.region, force_path_style=args.force_path_style
+    )
+
+
+def command_standby_config(args: argparse.Namespace) -> int:
+    """Print Litestream's configuration for replicating this buffer to the replica."""
+    db = _setting(args.db, ENV_DB, "the buffer database (--db)")
+    try:
+        print(litestream_config(db_path=db, replica=_replica(args)), end="")
+    except StandbyError as error:
+        raise ConfigError(str(error)) from None
+    return EXIT_OK
+
+
+def command_restore(args: argparse.Namespace) -> int:
+    """Rebuild the buffer from the replica (on the standby, before its forwarder starts)."""
+    db = _setting(args.db, ENV_DB, "the buffer database (--db)")
+    try:
+        replica = _replica(args)
+    except StandbyError as error:
+        raise ConfigError(str(error)) from None
+    result = standby_restore(db_path=db, replica=replica, litestream=args.litestream, force=args.force)
+    print(
+        f"restored {result.db_path} from {args.replica}: {result.buffered} buffered, {result.parked} parked "
+        f"(notifications sent within about {RPO_SECONDS:g} s before the primary failed may be missing); "
+        "start the forwarder to send them on",
+        flush=True,
+    )
+    return EXIT_OK
+
+
+def command_doctor(args: argparse.Namespace) -> int:
+    """Run every check; exit 1 when one failed."""
+    db = _optional(args.db, ENV_DB)
+    url = _optional(args.central_url, ENV_URL)
+    key = _optional(args.key, ENV_KEY)
+    client = None
+    config_error = None
+    if url and key:
+        try:
+            client = CentralClient(url, key, timeout=args.timeout, **network_options(args))
+        except ValueError as error:
+            config_error = str(error)
+    elif url:
+        config_error = f"the site API key is not configured: set {ENV_KEY} or pass --key"
+    elif key:
+        config_error = f"central's URL is not configured: set {ENV_URL} or pass --central-url"
+    try:
+        checks = doctor_run(db_path=db, client=client, config_error=config_error)
+    finally:
+        if client is not None:
+            client.close()
+    if args.json:
+        print(json.dumps([check.as_dict() for check in checks], indent=2))
+    else:
+        print(version_text())
+        for check in checks:
+            print(check.line())
+    return EXIT_DOCTOR_FAILED if doctor_failed(checks) else EXIT_OK
+
+
+def command_parked(args: argparse.Namespace) -> int:
+    """List the rows parked at this site."""
     with open_outbox(args, needs_central=False) as outbox:
         records = outbox.parked()
     if args.json:
@@ -230,7 +432,8 @@ def command_parked(args):
     return EXIT_OK
 
 
-def command_retry(args):
+def command_retry(args: argparse.Namespace) -> int:
+    """Parked → Forwarding."""
     with open_outbox(args, needs_central=False) as outbox:
         done = _by_id(outbox.retry, args.notification_id)
     if not done:
@@ -240,7 +443,8 @@ def command_retry(args):
     return EXIT_OK
 
 
-def command_discard(args):
+def command_discard(args: argparse.Namespace) -> int:
+    """Delete a parked row, printing what it was."""
     with open_outbox(args, needs_central=False) as outbox:
         payload = _by_id(outbox.discard, args.notification_id)
     if payload is None:
@@ -250,7 +454,8 @@ def command_discard(args):
     return EXIT_OK
 
 
-def command_stats(args):
+def command_stats(args: argparse.Namespace) -> int:
+    """Print buffered and parked counts."""
     with open_outbox(args, needs_central=False) as outbox:
         stats = outbox.stats()
     if args.json:
@@ -260,7 +465,7 @@ def command_stats(args):
     return EXIT_OK
 
 
-def _by_id(action, notification_id):
+def _by_id(action: Callable[[str], Any], notification_id: str) -> Any:
     try:
         return action(notification_id)
     except ValueError as error:

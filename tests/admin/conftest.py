@@ -24,14 +24,19 @@ def ensure_roles():
     from django.db import connection
 
     if Group.objects.filter(name__in=["Operators", "Administrators"]).count() < 2:
-        roles = importlib.import_module("notifications.migrations.0004_console_roles")
-        roles.create_roles(apps, SimpleNamespace(connection=connection))
+        editor = SimpleNamespace(connection=connection)
+        importlib.import_module("notifications.migrations.0004_console_roles").create_roles(apps, editor)
+        importlib.import_module("notifications.migrations.0007_delivery_resilience").grant_roles(apps, editor)
+        site_roles = importlib.import_module("sites.migrations.0003_site_operator_permissions")
+        site_roles.grant(apps, editor)
 
 
 def make_user(username, *, groups=(), permissions=(), superuser=False):
     if groups:
         ensure_roles()
-    user = User.objects.create_user(username, f"{username}@example.com", PASSWORD, is_staff=True, is_superuser=superuser)
+    user = User.objects.create_user(
+        username, f"{username}@example.com", PASSWORD, is_staff=True, is_superuser=superuser
+    )
     for name in groups:
         user.groups.add(Group.objects.get(name=name))
     for codename in permissions:

@@ -50,9 +50,15 @@ def browser():
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         yield browser
         browser.close()
     if previous is None:
@@ -74,8 +80,9 @@ def page(browser):
 def deliver_pending(operators_list):
     """Runs one dispatcher pass against a real SMTP server on loopback."""
     with SmtpServer() as smtp:
-        SmtpConfiguration.objects.create(host=smtp.host, port=smtp.port, security="none",
-                                         from_address="outbox@example.com", timeout_seconds=5)  # fmt: skip
+        SmtpConfiguration.objects.create(
+            host=smtp.host, port=smtp.port, security="none", from_address="outbox@example.com", timeout_seconds=5
+        )
 
         def deliver():
             report = dispatch_pass(worker_id="browser-test", time_budget=20)
@@ -138,3 +145,31 @@ def test_administrator_adds_a_recipient_to_a_list(page, live_server, operators_l
     page.wait_for_selector("ul.messagelist li.success")
     assert EmailRecipient.objects.filter(notification_list=operators_list, email="shift.lead@example.com").exists()
     assert operators_list.email_recipients.count() == 3
+
+
+def test_operator_sees_the_html_preview_rendered_and_nothing_in_it_runs(page, live_server, operators_list):
+    ARTIFACTS.mkdir(exist_ok=True)
+    operator = make_user("olivia", groups=["Operators"])
+    notification = make_notification(
+        type_data={
+            "html": "<h2>Pump 3 tripped</h2><table><tr><td style='color:red'>41.5 A</td></tr></table>"
+            "<script>alert('script')</script><img src=x onerror=\"alert('handler')\">"
+            "<a href=\"javascript:alert('link')\">acknowledge</a>"
+        }
+    )
+    dialogs: list[str] = []
+
+    def record(dialog):
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", record)
+    log_in(page, live_server, operator)
+    page.goto(f"{live_server.url}{reverse('admin:notifications_notification_change', args=[notification.pk])}")
+    frame = page.frame_locator("iframe.outbox-html-preview")
+    assert frame.locator("h2").inner_text() == "Pump 3 tripped"
+    assert frame.locator("td").inner_text() == "41.5 A"
+    frame.locator("a").click()  # the javascript: URL was removed; nothing happens
+    page.screenshot(path=str(ARTIFACTS / "html-preview.png"), full_page=True)
+    assert dialogs == []
+    assert page.locator("iframe.outbox-html-preview").get_attribute("sandbox") == ""

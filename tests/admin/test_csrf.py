@@ -40,7 +40,8 @@ def test_retry_with_the_token_from_the_page_works(csrf_client):
     csrf_client.get(OUTBOX)
     token = csrf_client.cookies["csrftoken"].value
     response = csrf_client.post(
-        OUTBOX, {"action": "retry_selected", "_selected_action": [parked.pk], "index": "0", "csrfmiddlewaretoken": token}
+        OUTBOX,
+        {"action": "retry_selected", "_selected_action": [parked.pk], "index": "0", "csrfmiddlewaretoken": token},
     )
     assert response.status_code == 302
     parked.refresh_from_db()

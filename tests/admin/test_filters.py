@@ -1,7 +1,7 @@
 """Every outbox filter and the subject search select exactly the rows an operator expects."""
 
 import uuid
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from django.contrib.messages import get_messages
@@ -34,7 +34,9 @@ def rows(db):
         "old_delivered": make_notification(status=Status.DELIVERED, subject="Old delivered", age=timedelta(hours=2)),
         "parked": make_notification(status=Status.PARKED, subject="100% tank level", source_site_id="plant-b"),
         "discarded": make_notification(status=Status.DISCARDED, subject="Pump_1 restart", list_name="Maintenance"),
-        "gone_site": make_notification(status=Status.DELIVERED, subject="From a removed site", source_site_id="plant-z"),
+        "gone_site": make_notification(
+            status=Status.DELIVERED, subject="From a removed site", source_site_id="plant-z"
+        ),
     }
 
 
@@ -78,20 +80,27 @@ def test_list_filter(operator_client, rows):
 
 
 def test_created_range_filter_from_and_to(operator_client, rows):
-    an_hour_ago = (datetime.now(dt_timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
     recent = {name for name in rows if name not in ("stuck", "old_delivered")}
     assert shown(operator_client, created_from=an_hour_ago) == pks(rows, *recent)
     assert shown(operator_client, created_to=an_hour_ago) == pks(rows, "stuck", "old_delivered")
 
 
 def test_created_range_filter_with_dates_includes_the_whole_to_day(operator_client, rows):
-    today = datetime.now(dt_timezone.utc).date()
+    today = datetime.now(UTC).date()
     assert shown(operator_client, created_from=today.isoformat(), created_to=today.isoformat()) == {
         n.pk for n in rows.values() if n.created_at.date() == today
     }
     assert shown(operator_client, created_to=(today - timedelta(days=1)).isoformat()) == {
         n.pk for n in rows.values() if n.created_at.date() < today
     }
+
+
+def test_a_created_bound_with_a_far_utc_offset_is_taken_as_its_utc_instant(operator_client, rows):
+    # ±23:59 is valid ISO-8601, beyond what PostgreSQL accepts as an offset.
+    an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=23, minutes=17)))
+    recent = {name for name in rows if name not in ("stuck", "old_delivered")}
+    assert shown(operator_client, created_from=an_hour_ago.strftime("%Y-%m-%dT%H:%M:%S%z")) == pks(rows, *recent)
 
 
 def test_an_unreadable_created_bound_is_ignored_with_a_warning(operator_client, rows):
@@ -132,3 +141,11 @@ def test_search_for_a_notification_id_finds_that_notification(operator_client, r
 
 def test_search_combines_with_filters(operator_client, rows):
     assert shown(operator_client, q="pump", status="Discarded") == pks(rows, "discarded")
+
+
+@pytest.mark.parametrize("parameter", ["site", "list", "type", "q", "status", "created_from", "o"])
+def test_a_nul_in_any_filter_or_the_search_is_a_plain_400_not_a_500(operator_client, rows, parameter):
+    response = operator_client.get(f"{OUTBOX}?{parameter}=a%00b")
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/plain")
+    assert "NUL" in response.content.decode()

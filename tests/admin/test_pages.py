@@ -4,6 +4,7 @@ the administration of lists, SMTP and sites."""
 import re
 import socket
 from datetime import timedelta
+from typing import cast
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -12,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from notifications import admin as notifications_admin
+from notifications.admin import outbox as outbox_admin
 from notifications.models import DeliveryAttempt, EmailRecipient, Notification, NotificationList, SmtpConfiguration
 from sites.models import SiteAPIKey
 from tests.admin.conftest import make_notification
@@ -59,7 +60,7 @@ def test_outbox_page_runs_the_same_few_queries_for_5_or_60_rows(operator_client)
 
 
 def test_the_paginator_counts_exactly_below_its_limit_and_estimates_above_it(operator_client, monkeypatch):
-    monkeypatch.setattr(notifications_admin.OutboxPaginator, "exact_limit", 5)
+    monkeypatch.setattr(outbox_admin.OutboxPaginator, "exact_limit", 5)
     for _ in range(8):
         make_notification()
     cl = operator_client.get(OUTBOX).context["cl"]
@@ -100,8 +101,12 @@ def delivered(db):
 
 
 def test_detail_page_is_read_only_and_shows_targets_attempts_and_provenance(operator_client, delivered, site):
-    content = operator_client.get(reverse("admin:notifications_notification_change", args=[delivered.pk])).content.decode()
-    assert "<input" not in re.sub(r'<input type="hidden"[^>]*>', "", content.split('id="notification_form"')[1].split("</form>")[0])
+    content = operator_client.get(
+        reverse("admin:notifications_notification_change", args=[delivered.pk])
+    ).content.decode()
+    assert "<input" not in re.sub(
+        r'<input type="hidden"[^>]*>', "", content.split('id="notification_form"')[1].split("</form>")[0]
+    )
     assert '<table class="outbox-targets">' in content
     assert "op2@example.com" in content and "mailbox unknown" in content and "<td>550</td>" in content
     assert "Delivery attempts" in content and "42" in content and "w1" in content
@@ -150,14 +155,21 @@ def test_outbox_page_shows_all_tiles_and_the_per_site_breakdown(operator_client)
 
 
 def list_form(name, *emails, prefix="email_recipients"):
-    data = {"name": name, "description": "", f"{prefix}-TOTAL_FORMS": str(len(emails)), f"{prefix}-INITIAL_FORMS": "0"}
+    data = {
+        "name": name,
+        "description": "",
+        "recipient_mode": "bcc",
+        f"{prefix}-TOTAL_FORMS": str(len(emails)),
+        f"{prefix}-INITIAL_FORMS": "0",
+    }
     data.update({f"{prefix}-{i}-email": email for i, email in enumerate(emails)})
     return data
 
 
 def test_duplicate_recipients_in_one_list_are_rejected_ignoring_case(admin_client_):
-    response = admin_client_.post(reverse("admin:notifications_notificationlist_add"),
-                                  list_form("Leads", "a@example.com", "A@Example.com"))  # fmt: skip
+    response = admin_client_.post(
+        reverse("admin:notifications_notificationlist_add"), list_form("Leads", "a@example.com", "A@Example.com")
+    )
     assert response.status_code == 200
     assert b"already in this list" in response.content
     assert not NotificationList.objects.filter(name="Leads").exists()
@@ -166,18 +178,31 @@ def test_duplicate_recipients_in_one_list_are_rejected_ignoring_case(admin_clien
 def test_a_recipient_already_stored_cannot_be_added_again_in_another_case(admin_client_, operators_list):
     url = reverse("admin:notifications_notificationlist_change", args=[operators_list.pk])
     existing = list(operators_list.email_recipients.all())
-    data = {"name": "Operators", "description": "", "email_recipients-TOTAL_FORMS": "3",
-            "email_recipients-INITIAL_FORMS": "2", "email_recipients-2-email": "OP1@example.com"}  # fmt: skip
+    data = {
+        "name": "Operators",
+        "description": "",
+        "recipient_mode": "bcc",
+        "email_recipients-TOTAL_FORMS": "3",
+        "email_recipients-INITIAL_FORMS": "2",
+        "email_recipients-2-email": "OP1@example.com",
+    }
     for i, recipient in enumerate(existing):
-        data.update({f"email_recipients-{i}-id": recipient.pk, f"email_recipients-{i}-email": recipient.email,
-                     f"email_recipients-{i}-notification_list": operators_list.pk})  # fmt: skip
+        data.update(
+            {
+                f"email_recipients-{i}-id": recipient.pk,
+                f"email_recipients-{i}-email": recipient.email,
+                f"email_recipients-{i}-notification_list": operators_list.pk,
+            }
+        )
     response = admin_client_.post(url, data)
     assert response.status_code == 200
     assert EmailRecipient.objects.filter(notification_list=operators_list).count() == 2
 
 
 def test_invalid_recipient_addresses_are_rejected(admin_client_):
-    response = admin_client_.post(reverse("admin:notifications_notificationlist_add"), list_form("Leads", "not-an-address"))
+    response = admin_client_.post(
+        reverse("admin:notifications_notificationlist_add"), list_form("Leads", "not-an-address")
+    )
     assert response.status_code == 200
     assert b"Enter a valid email address" in response.content
 
@@ -193,17 +218,26 @@ def test_list_names_are_unique_ignoring_case(admin_client_, operators_list):
 
 
 def smtp_form(**overrides):
-    data = {"host": "smtp.example.com", "port": "587", "security": "starttls", "timeout_seconds": "10",
-            "username": "outbox", "password": "", "from_address": "outbox@example.com",
-            "max_retries": "10", "retry_interval_seconds": "60"}  # fmt: skip
+    data = {
+        "host": "smtp.example.com",
+        "port": "587",
+        "security": "starttls",
+        "timeout_seconds": "10",
+        "username": "outbox",
+        "password": "",
+        "from_address": "outbox@example.com",
+        "max_retries": "10",
+        "retry_interval_seconds": "60",
+    }
     data.update(overrides)
     return data
 
 
 @pytest.fixture
 def smtp_config(db):
-    return SmtpConfiguration.objects.create(host="smtp.example.com", username="outbox", password="s3cret-pw",
-                                            from_address="outbox@example.com")  # fmt: skip
+    return SmtpConfiguration.objects.create(
+        host="smtp.example.com", username="outbox", password="s3cret-pw", from_address="outbox@example.com"
+    )
 
 
 def test_smtp_password_is_never_shown_and_blank_keeps_it(admin_client_, smtp_config):
@@ -211,9 +245,29 @@ def test_smtp_password_is_never_shown_and_blank_keeps_it(admin_client_, smtp_con
     page = admin_client_.get(url)
     assert b"s3cret-pw" not in page.content
     assert b"A password is stored." in page.content
-    assert admin_client_.post(url, smtp_form(port="2525")).status_code == 302
+    assert admin_client_.post(url, smtp_form(timeout_seconds="30")).status_code == 302
     smtp_config.refresh_from_db()
-    assert (smtp_config.port, smtp_config.password) == (2525, "s3cret-pw")
+    assert (smtp_config.timeout_seconds, smtp_config.password) == (30, "s3cret-pw")
+
+
+@pytest.mark.parametrize(
+    "change", [{"host": "attacker.example"}, {"port": "2525"}, {"security": "none"}], ids=["host", "port", "security"]
+)
+def test_moving_the_smtp_server_without_re_entering_the_password_is_refused(admin_client_, smtp_config, change):
+    url = reverse("admin:notifications_smtpconfiguration_change", args=[smtp_config.pk])
+    response = admin_client_.post(url, smtp_form(**change))
+    assert response.status_code == 200
+    assert "Re-enter the password (or remove it)" in response.content.decode()
+    smtp_config.refresh_from_db()
+    assert (smtp_config.host, smtp_config.port, smtp_config.security) == ("smtp.example.com", 587, "starttls")
+
+
+def test_moving_the_smtp_server_with_the_password_re_entered_or_removed_is_saved(admin_client_, smtp_config):
+    url = reverse("admin:notifications_smtpconfiguration_change", args=[smtp_config.pk])
+    assert admin_client_.post(url, smtp_form(host="mail2.example.com", password="s3cret-pw")).status_code == 302
+    assert admin_client_.post(url, smtp_form(host="mail3.example.com", clear_password="on")).status_code == 302
+    smtp_config.refresh_from_db()
+    assert (smtp_config.host, smtp_config.password) == ("mail3.example.com", "")
 
 
 def test_smtp_password_can_be_replaced_or_removed(admin_client_, smtp_config):
@@ -255,8 +309,9 @@ def smtp_server():
 
 def test_send_test_email_reports_the_servers_answer(admin_client_, smtp_server):
     controller, inbox = smtp_server
-    config = SmtpConfiguration.objects.create(host="127.0.0.1", port=controller.port, security="none",
-                                              from_address="outbox@example.com")  # fmt: skip
+    config = SmtpConfiguration.objects.create(
+        host="127.0.0.1", port=controller.port, security="none", from_address="outbox@example.com"
+    )
     url = reverse("admin:notifications_smtpconfiguration_send_test", args=[config.pk])
     assert b"adam@example.com" in admin_client_.get(url).content
     response = admin_client_.post(url, {"to": "ops@example.com"})
@@ -268,22 +323,34 @@ def test_send_test_email_reports_the_servers_answer(admin_client_, smtp_server):
 def test_send_test_email_reports_a_refusal(admin_client_, smtp_server):
     controller, inbox = smtp_server
     inbox.reply = "554 Transaction failed: spam"
-    config = SmtpConfiguration.objects.create(host="127.0.0.1", port=controller.port, security="none",
-                                              from_address="outbox@example.com")  # fmt: skip
-    response = admin_client_.post(reverse("admin:notifications_smtpconfiguration_send_test", args=[config.pk]),
-                                  {"to": "ops@example.com"})  # fmt: skip
-    assert any("did not accept the test message: 554 Transaction failed" in text for text in texts(response))
+    config = SmtpConfiguration.objects.create(
+        host="127.0.0.1", port=controller.port, security="none", from_address="outbox@example.com"
+    )
+    response = admin_client_.post(
+        reverse("admin:notifications_smtpconfiguration_send_test", args=[config.pk]), {"to": "ops@example.com"}
+    )
+    assert any(
+        "did not accept the test message: SMTP server refused the message at DATA: 554 Transaction failed: spam "
+        "(failure class content_rejected: a notification failing like this would be parked at once)" in text
+        for text in texts(response)
+    )
 
 
 def test_send_test_email_reports_an_unreachable_server(admin_client_):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = SmtpConfiguration.objects.create(host="127.0.0.1", port=port, security="none", timeout_seconds=2,
-                                              from_address="outbox@example.com")  # fmt: skip
-    response = admin_client_.post(reverse("admin:notifications_smtpconfiguration_send_test", args=[config.pk]),
-                                  {"to": "ops@example.com"})  # fmt: skip
-    assert any("ConnectionRefusedError" in text for text in texts(response))
+    config = SmtpConfiguration.objects.create(
+        host="127.0.0.1", port=port, security="none", timeout_seconds=2, from_address="outbox@example.com"
+    )
+    response = admin_client_.post(
+        reverse("admin:notifications_smtpconfiguration_send_test", args=[config.pk]), {"to": "ops@example.com"}
+    )
+    assert any(
+        "did not accept the test message: SMTP connection refused at connect (failure class connection: "
+        "a notification failing like this would be kept waiting while the channel is retried)" in text
+        for text in texts(response)
+    )
 
 
 # --- Sites -----------------------------------------------------------------------------------
@@ -300,8 +367,10 @@ def test_issue_key_shows_the_key_once_and_it_authenticates(admin_client_, site, 
     assert admin_client_.get(url).status_code == 405
     response = admin_client_.post(url)
     assert "no-store" in response["Cache-Control"]
-    key = re.search(r'id="issued-key"[^>]*>([^<]+)<', response.content.decode()).group(1)
-    assert SiteAPIKey.objects.get_from_key(key).site == site
+    issued = re.search(r'id="issued-key"[^>]*>([^<]+)<', response.content.decode())
+    assert issued is not None
+    key = issued.group(1)
+    assert cast(SiteAPIKey, SiteAPIKey.objects.get_from_key(key)).site == site
     change_page = admin_client_.get(reverse("admin:sites_site_change", args=[site.pk])).content.decode()
     assert key not in change_page
     assert key.split(".")[0] in change_page
@@ -327,3 +396,27 @@ def test_revoking_an_unknown_prefix_says_so(admin_client_, site):
 
 def test_the_librarys_unused_api_key_model_is_not_in_the_admin(admin_client_):
     assert b"rest_framework_api_key" not in admin_client_.get(reverse("admin:index")).content
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("\u041eperators", "Mixes Cyrillic and Latin letters"),
+        ("Oper\u200bators", "invisible formatting characters"),
+        ("OPERATORS ", "already exists (list names ignore case)"),
+    ],
+)
+def test_the_console_refuses_look_alike_and_duplicate_list_names(admin_client_, name, message):
+    NotificationList.objects.create(name="Operators")
+    response = admin_client_.post(
+        reverse("admin:notifications_notificationlist_add"),
+        {
+            "name": name,
+            "description": "",
+            "email_recipients-TOTAL_FORMS": "0",
+            "email_recipients-INITIAL_FORMS": "0",
+        },
+    )
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert NotificationList.objects.count() == 1

@@ -20,12 +20,21 @@ def perms(group_name):
 
 
 @pytest.mark.django_db
-def test_migration_creates_operators_with_view_retry_and_discard_only():
+def test_migration_creates_operators_who_view_and_act_on_notifications_and_view_channel_health():
     assert perms("Operators") == {
         "notifications.view_notification",
         "notifications.retry_notification",
         "notifications.discard_notification",
+        "notifications.requeue_notification",
         "notifications.view_deliveryattempt",
+        # Notifications parked at sites: seen, retried and discarded through the site's agent.
+        "sites.view_siteparkednotification",
+        "sites.retry_siteparkednotification",
+        "sites.discard_siteparkednotification",
+        "sites.view_sitecommand",
+        "sites.view_siteheartbeat",
+        "notifications.view_deliverypolicy",
+        "notifications.view_channelhealth",
     }
 
 
@@ -33,11 +42,19 @@ def test_migration_creates_operators_with_view_retry_and_discard_only():
 def test_migration_gives_administrators_lists_smtp_and_sites_as_well():
     granted = perms("Administrators")
     assert perms("Operators") <= granted
-    for model in ("notifications.%s_notificationlist", "notifications.%s_emailrecipient",
-                  "notifications.%s_smtpconfiguration", "sites.%s_site", "sites.%s_siteapikey"):  # fmt: skip
+    for model in (
+        "notifications.%s_notificationlist",
+        "notifications.%s_emailrecipient",
+        "notifications.%s_smtpconfiguration",
+        "notifications.%s_deliverypolicy",
+        "sites.%s_site",
+        "sites.%s_siteapikey",
+    ):
         assert {model % action for action in ("view", "add", "change", "delete")} <= granted
-    assert not {"notifications.add_notification", "notifications.change_notification",
-                "notifications.delete_notification"} & granted  # fmt: skip
+    assert (
+        not {"notifications.add_notification", "notifications.change_notification", "notifications.delete_notification"}
+        & granted
+    )
 
 
 def test_anonymous_visitor_is_sent_to_the_login_page(client, db):
@@ -71,8 +88,11 @@ def test_operator_cannot_open_smtp_configuration_or_sites(operator_client, site)
 
 @pytest.mark.parametrize("role", ["operator", "administrator", "superuser"])
 def test_nobody_can_add_edit_or_delete_notification_rows(client, db, role):
-    user = make_user(role, groups={"operator": ["Operators"], "administrator": ["Administrators"]}.get(role, []),
-                     superuser=role == "superuser")  # fmt: skip
+    user = make_user(
+        role,
+        groups={"operator": ["Operators"], "administrator": ["Administrators"]}.get(role, []),
+        superuser=role == "superuser",
+    )
     login(client, user)
     notification = make_notification(subject="Original subject")
     change_url = reverse("admin:notifications_notification_change", args=[notification.pk])
@@ -82,8 +102,12 @@ def test_nobody_can_add_edit_or_delete_notification_rows(client, db, role):
     assert page.status_code == 200
     assert b'name="_save"' not in page.content
     assert client.post(change_url, {"subject": "Edited", "status": "Delivered"}).status_code == 403
-    assert client.post(reverse("admin:notifications_notification_delete", args=[notification.pk]),
-                       {"post": "yes"}).status_code == 403  # fmt: skip
+    assert (
+        client.post(
+            reverse("admin:notifications_notification_delete", args=[notification.pk]), {"post": "yes"}
+        ).status_code
+        == 403
+    )
     response = client.post(OUTBOX, {"action": "delete_selected", "_selected_action": [notification.pk], "post": "yes"})
     notification.refresh_from_db()
     assert (notification.subject, notification.status) == ("Original subject", Status.PENDING)
@@ -110,10 +134,10 @@ def test_user_without_the_retry_permission_is_not_offered_retry_and_cannot_retry
 def test_user_without_the_discard_permission_cannot_discard(client, viewer):
     login(client, viewer)
     parked = make_notification(status=Status.PARKED)
-    client.post(OUTBOX, {"action": "discard_selected", "_selected_action": [parked.pk], "post": "yes"})
+    client.post(OUTBOX, {"action": "discard_selected", "_selected_action": [parked.pk], "post": "yes", "reason": "no"})
     url = reverse("admin:notifications_notification_discard", args=[parked.pk])
     assert client.get(url).status_code == 403
-    assert client.post(url, {"post": "yes"}).status_code == 403
+    assert client.post(url, {"post": "yes", "reason": "no"}).status_code == 403
     parked.refresh_from_db()
     assert parked.status == Status.PARKED
 
@@ -122,8 +146,21 @@ def test_retry_permission_alone_allows_retry_but_not_discard(client, db):
     user = make_user("rita", permissions=["view_notification", "retry_notification"])
     login(client, user)
     page = client.get(OUTBOX)
-    assert b"retry_selected" in page.content
+    assert b"retry_selected" in page.content and b"retry_now_selected" in page.content
     assert b"discard_selected" not in page.content
+    assert b"requeue_selected" not in page.content
+
+
+def test_requeue_needs_its_own_permission(client, db):
+    user = make_user("ruth", permissions=["view_notification", "retry_notification", "discard_notification"])
+    login(client, user)
+    discarded = make_notification(status=Status.DISCARDED)
+    assert b"requeue_selected" not in client.get(OUTBOX).content
+    detail = client.get(reverse("admin:notifications_notification_change", args=[discarded.pk]))
+    assert b"requeue-button" not in detail.content
+    assert client.post(reverse("admin:notifications_notification_requeue", args=[discarded.pk])).status_code == 403
+    discarded.refresh_from_db()
+    assert discarded.status == Status.DISCARDED
 
 
 def test_administrator_can_add_a_list_with_recipients(admin_client_):
@@ -132,6 +169,7 @@ def test_administrator_can_add_a_list_with_recipients(admin_client_):
         {
             "name": "Shift leads",
             "description": "",
+            "recipient_mode": "bcc",
             "email_recipients-TOTAL_FORMS": "2",
             "email_recipients-INITIAL_FORMS": "0",
             "email_recipients-0-email": "lead1@example.com",
@@ -140,7 +178,9 @@ def test_administrator_can_add_a_list_with_recipients(admin_client_):
     )
     assert response.status_code == 302, response.context and response.context["adminform"].form.errors
     notification_list = NotificationList.objects.get(name="Shift leads")
-    assert sorted(EmailRecipient.objects.filter(notification_list=notification_list).values_list("email", flat=True)) == [
+    assert sorted(
+        EmailRecipient.objects.filter(notification_list=notification_list).values_list("email", flat=True)
+    ) == [
         "lead1@example.com",
         "lead2@example.com",
     ]

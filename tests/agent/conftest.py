@@ -1,4 +1,6 @@
-"""Fixtures for the site agent's tests. Nothing here touches Django: the agent runs without it."""
+"""Fixtures for the site agent's tests. Nothing here touches Django: the agent runs without it,
+and these tests run under every Python from 3.8 up with only pytest and cryptography installed
+(``make test-agent-pythons``)."""
 
 from datetime import datetime, timedelta, timezone
 
@@ -28,6 +30,14 @@ def central():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """A private CA with a server certificate for 127.0.0.1 and a client certificate."""
+    from tests.agent.certs import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
 @pytest.fixture
 def clock():
     return FakeClock()
@@ -46,8 +56,9 @@ def make_outbox(buffer_path, central, clock):
     def make(**options):
         options.setdefault("clock", clock)
         options.setdefault("timeout", 5)
-        outbox = SiteOutbox(buffer_path, options.pop("central_url", central.url), options.pop("api_key", GOOD_KEY),
-                            **options)  # fmt: skip
+        outbox = SiteOutbox(
+            buffer_path, options.pop("central_url", central.url), options.pop("api_key", GOOD_KEY), **options
+        )
         made.append(outbox)
         return outbox
 
@@ -64,6 +75,5 @@ def outbox(make_outbox):
 def send_many(outbox, count, list_name="Operators"):
     notifier = outbox.notify(list_name)
     return [
-        notifier.send(f"Pump {n} tripped", f"Motor overload #{n}", source_instance_id=f"Pump{n}")
-        for n in range(count)
+        notifier.send(f"Pump {n} tripped", f"Motor overload #{n}", source_instance_id=f"Pump{n}") for n in range(count)
     ]

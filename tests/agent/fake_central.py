@@ -5,16 +5,25 @@ central never gives on demand — 503s, 429 with Retry-After, 413 for a batch, t
 connection resets, a revoked key in the middle of a backlog. This server produces each of them
 deterministically. Tests against the real central (Django) live with the API tests.
 
-By default it behaves like central (DESIGN §3): a new id is 201, the same content again is a
+By default it behaves like central (docs/api.md): a new id is 201, the same content again is a
 200 replay, the same id with other content is 422; the batch endpoint answers per item.
-Queue scripted answers with :meth:`FakeCentral.then`; each request consumes one.
+Queue scripted answers with :meth:`FakeCentral.then`; each request consumes one. It answers
+``GET /healthz`` (no key needed) and the list read ``GET /api/v1/notifications/?page_size=1``
+like central, can serve over TLS (``tls=`` an ``ssl.SSLContext``), and can pretend its clock
+is off (``clock_offset`` seconds added to its ``Date`` header).
+
+The site endpoints (heartbeat, parked reports, command acknowledgements) are kept apart: their
+requests go to ``site_requests``, never consume the scripted answers, and behave like central
+(heartbeats answer with ``commands`` until each is acknowledged) unless ``site_always`` is set.
 """
 
 import json
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GOOD_KEY = "site-key-plant-a"
@@ -44,12 +53,19 @@ class Received:
 
 
 class FakeCentral:
-    def __init__(self):
+    def __init__(self, *, tls=None):
+        self.clock_offset = 0.0
         self.requests = []
         self.stored = {}  # notification_id -> payload, what "central" has committed
         self.script = []
         self.always = None  # when set, answers every request the script does not
         self.connections = set()  # client ports seen: how many TCP connections were used
+        self.site_requests = []  # heartbeats, parked reports, acknowledgements
+        self.site_always = None  # when set (a Reply, or a callable(received) -> Reply or None), answers site requests
+        self.commands = []  # operator commands handed out in heartbeat answers until acknowledged
+        self.acks = {}  # command id -> acknowledgement body
+        self.parked = {}  # notification id -> latest parked item reported
+        self.unparked = {}  # notification id -> latest unparked item reported
         self._lock = threading.Condition()
         self._release = threading.Event()
         central = self
@@ -59,6 +75,9 @@ class FakeCentral:
 
             def log_message(self, *args):
                 pass
+
+            def date_time_string(self, timestamp=None):
+                return formatdate(time.time() + central.clock_offset, usegmt=True)
 
             def do_GET(self):
                 central._handle(self)
@@ -73,7 +92,11 @@ class FakeCentral:
                 pass  # resets and hangs are on purpose
 
         self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:
+            # The handshake happens on the handler thread's first read, not in accept().
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def start(self):
@@ -100,7 +123,7 @@ class FakeCentral:
 
     def posted_ids(self):
         """Every notification id posted, in order (batch items flattened)."""
-        ids = []
+        ids: list = []
         for received in self.requests:
             if received.method != "POST":
                 continue
@@ -117,6 +140,15 @@ class FakeCentral:
         raw = handler.rfile.read(length) if length else b""
         body = json.loads(raw) if raw else None
         received = Received(handler.command, handler.path, dict(handler.headers), body)
+        if handler.path.startswith("/api/v1/sites/"):
+            with self._lock:
+                self.site_requests.append(received)
+                self._lock.notify_all()
+            behaviour = self.site_always
+            if callable(behaviour) and not isinstance(behaviour, type):
+                behaviour = behaviour(received)  # a function may answer None: like central
+            self._answer(handler, behaviour or self._site_like_central(received))
+            return
         with self._lock:
             self.requests.append(received)
             self.connections.add(handler.client_address[1])
@@ -128,6 +160,9 @@ class FakeCentral:
             behaviour = self._like_central(received)
         elif callable(behaviour) and not isinstance(behaviour, type):
             behaviour = behaviour(received)
+        self._answer(handler, behaviour)
+
+    def _answer(self, handler, behaviour):
         if isinstance(behaviour, Reset) or behaviour is Reset:
             handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             handler.connection.close()
@@ -146,9 +181,44 @@ class FakeCentral:
         handler.end_headers()
         handler.wfile.write(data)
 
-    def _like_central(self, received):
+    def wait_for_site_requests(self, predicate, timeout=10):
+        """Wait until ``predicate(site_requests)`` is true."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: predicate(self.site_requests), timeout):
+                raise AssertionError(f"central's site endpoints received {len(self.site_requests)} requests")
+
+    def heartbeats(self):
+        """The bodies of every heartbeat received, in order."""
+        return [r.body for r in self.site_requests if r.path == "/api/v1/sites/heartbeat/"]
+
+    def _site_like_central(self, received):
         if received.headers.get("Authorization") != f"Api-Key {GOOD_KEY}":
             return Reply(401, {"error": "authentication_failed", "detail": "Invalid API key."})
+        with self._lock:
+            if received.path == "/api/v1/sites/heartbeat/":
+                pending = [c for c in self.commands if c["id"] not in self.acks]
+                return Reply(200, {"commands": pending})
+            if received.path == "/api/v1/sites/parked/":
+                for item in received.body["parked"]:
+                    self.parked[item["notification_id"]] = item
+                    self.unparked.pop(item["notification_id"], None)
+                for item in received.body["unparked"]:
+                    self.unparked[item["notification_id"]] = item
+                    self.parked.pop(item["notification_id"], None)
+                return Reply(200, {"parked": len(received.body["parked"]), "unparked": len(received.body["unparked"])})
+            command_id = received.path.split("/")[-3]
+            if not any(c["id"] == command_id for c in self.commands):
+                return Reply(404, {"error": "not_found", "detail": "No such command for this site."})
+            self.acks.setdefault(command_id, received.body)
+            return Reply(200, {"id": command_id, "state": self.acks[command_id]["result"]})
+
+    def _like_central(self, received):
+        if received.method == "GET" and received.path == "/healthz":
+            return Reply(200, {"status": "ok", "database": "up"})
+        if received.headers.get("Authorization") != f"Api-Key {GOOD_KEY}":
+            return Reply(401, {"error": "authentication_failed", "detail": "Invalid API key."})
+        if received.method == "GET" and received.path.startswith("/api/v1/notifications/?"):
+            return Reply(200, {"next": None, "previous": None, "results": []})
         if received.method == "GET":
             notification_id = received.path.rstrip("/").rsplit("/", 1)[-1]
             if notification_id in self.stored:
@@ -159,12 +229,22 @@ class FakeCentral:
             for item in received.body["notifications"]:
                 outcome = self._ingest(item)
                 if outcome == "conflict":
-                    results.append({"notification_id": item["notification_id"], "result": "rejected",
-                                    "error": "idempotency_conflict",
-                                    "errors": {"notification_id": ["exists with different content"]}})
+                    results.append(
+                        {
+                            "notification_id": item["notification_id"],
+                            "result": "rejected",
+                            "error": "idempotency_conflict",
+                            "errors": {"notification_id": ["exists with different content"]},
+                        }
+                    )
                 else:
-                    results.append({"notification_id": item["notification_id"], "result": outcome,
-                                    "status": self.status_record(item["notification_id"])})
+                    results.append(
+                        {
+                            "notification_id": item["notification_id"],
+                            "result": outcome,
+                            "status": self.status_record(item["notification_id"]),
+                        }
+                    )
             return Reply(200, {"results": results})
         outcome = self._ingest(received.body)
         if outcome == "conflict":
@@ -182,7 +262,16 @@ class FakeCentral:
 
     def status_record(self, notification_id):
         item = self.stored[notification_id]
-        return {"notification_id": notification_id, "type": item["type"], "list_name": item["list_name"],
-                "status": "Pending", "retry_count": 0, "last_error": "",
-                "site_enqueued_at": item["site_enqueued_at"], "created_at": item["site_enqueued_at"],
-                "last_attempt_at": None, "next_attempt_at": item["site_enqueued_at"], "delivered_at": None}
+        return {
+            "notification_id": notification_id,
+            "type": item["type"],
+            "list_name": item["list_name"],
+            "status": "Pending",
+            "retry_count": 0,
+            "last_error": "",
+            "site_enqueued_at": item["site_enqueued_at"],
+            "created_at": item["site_enqueued_at"],
+            "last_attempt_at": None,
+            "next_attempt_at": item["site_enqueued_at"],
+            "delivered_at": None,
+        }

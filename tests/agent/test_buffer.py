@@ -27,9 +27,14 @@ def agent_process(*code_lines, **popen):
     env.pop("DJANGO_SETTINGS_MODULE", None)
     return subprocess.Popen(
         [sys.executable, "-c", "\n".join(code_lines)],
-        cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         **popen,
-    )  # fmt: skip
+    )
 
 
 def rows_in(path):
@@ -42,9 +47,12 @@ def rows_in(path):
 
 def test_send_returns_a_uuid_string_and_buffers_the_exact_post_body(outbox, central):
     notification_id = outbox.notify("Operators").send(
-        "Pump 3 tripped", "Motor overload", source_instance_id="Pump3", source_script="OnTrip",
+        "Pump 3 tripped",
+        "Motor overload",
+        source_instance_id="Pump3",
+        source_script="OnTrip",
         type_data={"priority": "high"},
-    )  # fmt: skip
+    )
 
     assert isinstance(notification_id, str) and str(uuid.UUID(notification_id)) == notification_id
     row = outbox.buffer.get(notification_id)
@@ -66,7 +74,7 @@ def test_send_returns_a_uuid_string_and_buffers_the_exact_post_body(outbox, cent
 def test_send_works_without_central_configuration_but_forwarding_says_what_is_missing(buffer_path):
     with SiteOutbox(buffer_path, None, None) as outbox:
         notification_id = outbox.notify("Operators").send("Pump 3 tripped", "")
-        assert outbox.status(notification_id)["status"] == "Forwarding"
+        assert (outbox.status(notification_id) or {})["status"] == "Forwarding"
         with pytest.raises(AgentNotConfigured, match="no central URL and site key"):
             outbox.forward_once()
 
@@ -113,8 +121,9 @@ def test_row_survives_the_process_being_killed_right_after_send_returns(buffer_p
     assert process.returncode == -signal.SIGKILL
 
     with SiteOutbox(buffer_path, None, None) as reopened:
-        assert reopened.status(notification_id)["status"] == "Forwarding"
-        assert json.loads(reopened.buffer.get(notification_id).payload)["body"] == "killed right after"
+        assert (reopened.status(notification_id) or {})["status"] == "Forwarding"
+        row = reopened.buffer.get(notification_id)
+        assert row is not None and json.loads(row.payload)["body"] == "killed right after"
 
 
 def test_many_threads_and_processes_sending_at_once_lose_nothing(buffer_path):
@@ -169,7 +178,7 @@ def test_row_is_parked_once_max_retries_failed_attempts_are_spent(make_outbox, c
     central.always = Reply(503, {"error": "database_unavailable", "detail": "retry later"})
     (notification_id,) = send_many(outbox, 1)
 
-    for attempt in range(1, 4):
+    for _attempt in range(1, 4):
         result = outbox.forward_once()
         clock.advance(30)
     status = outbox.status(notification_id)

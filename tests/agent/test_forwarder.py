@@ -109,8 +109,13 @@ def test_rejected_batch_items_are_parked_with_centrals_errors_and_the_rest_delet
         results = []
         for item in received.body["notifications"]:
             if item["notification_id"] == second:
-                results.append({"notification_id": second, "result": "rejected",
-                                "errors": {"subject": ["Must not contain CR or LF."]}})
+                results.append(
+                    {
+                        "notification_id": second,
+                        "result": "rejected",
+                        "errors": {"subject": ["Must not contain CR or LF."]},
+                    }
+                )
             else:
                 results.append({"notification_id": item["notification_id"], "result": "created", "status": {}})
         return Reply(200, {"results": results})
@@ -137,10 +142,17 @@ def test_a_batch_answer_without_results_deletes_nothing(outbox, central):
 
 def test_a_batch_result_for_another_id_deletes_nothing_for_that_position(outbox, central):
     first, second = send_many(outbox, 2)
-    central.then(Reply(200, {"results": [
-        {"notification_id": first, "result": "created"},
-        {"notification_id": str(uuid.uuid4()), "result": "created"},
-    ]}))  # fmt: skip
+    central.then(
+        Reply(
+            200,
+            {
+                "results": [
+                    {"notification_id": first, "result": "created"},
+                    {"notification_id": str(uuid.uuid4()), "result": "created"},
+                ]
+            },
+        )
+    )
 
     result = outbox.forward_once()
 
@@ -154,14 +166,20 @@ def test_a_batch_result_for_another_id_deletes_nothing_for_that_position(outbox,
 @pytest.mark.parametrize(
     "answer, expected_error",
     [
-        (Reply(400, {"error": "invalid", "detail": "Invalid input.", "errors": {"type": ["Unknown type 'fax'."]}}),
-         "Rejected by central: HTTP 400: invalid: Invalid input.: type: Unknown type 'fax'."),
-        (Reply(422, {"error": "idempotency_conflict", "detail": "different content"}),
-         "Rejected by central: HTTP 422: idempotency_conflict: different content"),
-        (Reply(413, {"error": "request_too_large", "detail": "Request body exceeds 1048576 bytes."}),
-         "Too large for central: HTTP 413: request_too_large: Request body exceeds 1048576 bytes."),
+        (
+            Reply(400, {"error": "invalid", "detail": "Invalid input.", "errors": {"type": ["Unknown type 'fax'."]}}),
+            "Rejected by central: HTTP 400: invalid: Invalid input.: type: Unknown type 'fax'.",
+        ),
+        (
+            Reply(422, {"error": "idempotency_conflict", "detail": "different content"}),
+            "Rejected by central: HTTP 422: idempotency_conflict: different content",
+        ),
+        (
+            Reply(413, {"error": "request_too_large", "detail": "Request body exceeds 1048576 bytes."}),
+            "Too large for central: HTTP 413: request_too_large: Request body exceeds 1048576 bytes.",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_refused_single_post_is_parked_with_centrals_error(outbox, central, answer, expected_error):
     (notification_id,) = send_many(outbox, 1)
     central.then(answer)
@@ -184,6 +202,41 @@ def test_a_refused_batch_falls_back_to_single_posts(outbox, central, refusal):
     assert paths == ["/api/v1/notifications/batch/"] + ["/api/v1/notifications/"] * 3
     assert central.posted_ids()[3:] == sent
     assert (result.forwarded, result.parked) == (3, 0)
+
+
+def test_a_batch_central_fails_on_is_halved_until_the_poison_row_is_alone_and_the_rest_get_through(
+    make_outbox, central
+):
+    outbox = make_outbox(batch_size=8)
+    sent = send_many(outbox, 8)
+    poison = sent[5]
+
+    def fail_on_poison(received):
+        items = received.body["notifications"] if received.path.endswith("/batch/") else [received.body]
+        if any(item["notification_id"] == poison for item in items):
+            return Reply(500, {"error": "server_error", "detail": "Internal error; it has been logged."})
+        return central._like_central(received)
+
+    central.always = fail_on_poison
+
+    result = outbox.forward_once()
+
+    assert sorted(central.stored) == sorted(set(sent) - {poison})
+    assert (result.forwarded, result.retrying, result.parked) == (7, 1, 0)
+    status = outbox.status(poison)
+    assert (status["status"], status["retry_count"]) == ("Forwarding", 1)
+    assert "HTTP 500" in status["last_error"]
+    # 8 → 4 + 4 → 2 + 2 → 1 + 1: seven requests isolate one row among eight.
+    assert len(central.requests) == 7
+
+
+def test_a_single_post_central_fails_on_is_retried_not_split(outbox, central):
+    send_many(outbox, 1)
+    central.then(Reply(500, {"error": "server_error", "detail": "boom"}))
+
+    result = outbox.forward_once()
+
+    assert (result.retrying, result.parked, len(central.requests)) == (1, 0, 1)
 
 
 # --- the credential ---------------------------------------------------------------------------
@@ -329,7 +382,7 @@ def test_requests_reuse_one_keep_alive_connection(make_outbox, central):
 def test_a_stale_keep_alive_connection_is_replaced_without_counting_a_retry(outbox, central):
     send_many(outbox, 1)
     outbox.forward_once()
-    (notification_id,) = send_many(outbox, 1)
+    (_notification_id,) = send_many(outbox, 1)
     central.then(Reset())  # central dropped the idle connection
 
     result = outbox.forward_once()
@@ -401,3 +454,17 @@ def test_transient_failures_are_logged_with_the_error(outbox, central, caplog):
         outbox.forward_once()
 
     assert any("will retry in 30 s: HTTP 503" in record.getMessage() for record in caplog.records)
+
+
+def test_a_buffered_row_nested_too_deeply_to_decode_is_parked_and_the_rest_are_forwarded(make_outbox, central):
+    outbox = make_outbox(batch_size=10)
+    sent = send_many(outbox, 3)
+    deep_id = str(uuid.uuid4())
+    payload = f'{{"notification_id": "{deep_id}", "type_data": {"[" * 100_000}{"]" * 100_000}}}'
+    outbox.buffer.insert(notification_id=deep_id, payload=payload, created_at="2026-11-21T09:00:00Z")
+
+    result = outbox.forward_once()
+
+    assert sorted(central.stored) == sorted(sent)
+    assert (result.forwarded, result.parked, result.dropped) == (3, 1, 0)
+    assert "nested too deeply" in outbox.status(deep_id)["last_error"]

@@ -10,7 +10,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from notifications.models import Notification
-from tests.conftest import make_payload
+from tests.support.payloads import make_payload
 
 
 def test_eight_threads_posting_the_same_id_yield_one_row_and_only_201_or_200(
@@ -40,7 +40,9 @@ def test_eight_threads_posting_the_same_id_yield_one_row_and_only_201_or_200(
     assert Notification.objects.filter(pk=payload["notification_id"]).count() == 1
 
 
-def test_concurrent_batches_with_overlapping_ids_create_each_row_once(postgres_only, live_server, site_key, transactional_db):
+def test_concurrent_batches_with_overlapping_ids_create_each_row_once(
+    postgres_only, live_server, site_key, transactional_db
+):
     shared = [make_payload() for _ in range(50)]
     barrier = threading.Barrier(4)
     results = []
@@ -61,7 +63,7 @@ def test_concurrent_batches_with_overlapping_ids_create_each_row_once(postgres_o
         thread.start()
     for thread in threads:
         thread.join()
-    per_item = list(zip(*results))
+    per_item = list(zip(*results, strict=False))
     assert all(sorted(outcomes) == ["created", "replayed", "replayed", "replayed"] for outcomes in per_item)
     assert Notification.objects.count() == 50
 

@@ -1,8 +1,9 @@
-"""The ingest and status API, one test per outcome row of DESIGN §3 and per bad input."""
+"""The ingest and status API, one test per outcome of the ingest contract (docs/api.md) and per bad input."""
 
 import json
 import uuid
 from datetime import timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.test import override_settings
@@ -12,7 +13,7 @@ from rest_framework.test import APIClient
 from notifications.models import Notification
 from sites.models import SiteAPIKey
 from sites.services import site_key_issue, site_key_revoke
-from tests.conftest import make_payload
+from tests.support.payloads import make_payload
 
 URL = "/api/v1/notifications/"
 BATCH_URL = "/api/v1/notifications/batch/"
@@ -31,9 +32,18 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
     assert record["retry_count"] == 0
     assert record["site_enqueued_at"] == "2026-11-21T10:00:00Z"
     assert set(record) == {
-        "notification_id", "type", "list_name", "status", "retry_count", "last_error",
-        "site_enqueued_at", "created_at", "last_attempt_at", "next_attempt_at", "delivered_at",
-    }  # fmt: skip
+        "notification_id",
+        "type",
+        "list_name",
+        "status",
+        "retry_count",
+        "last_error",
+        "site_enqueued_at",
+        "created_at",
+        "last_attempt_at",
+        "next_attempt_at",
+        "delivered_at",
+    }
     row = Notification.objects.get(pk=payload["notification_id"])
     assert row.source_site_id == "plant-a"
     assert row.subject == payload["subject"]
@@ -180,7 +190,9 @@ def test_missing_key_is_401(payload, site):
     assert response["WWW-Authenticate"] == "Api-Key"
 
 
-@pytest.mark.parametrize("header", ["Api-Key", "Api-Key nodot", "Api-Key abc.def", "Bearer xyz", "Api-Key " + "a." * 200])
+@pytest.mark.parametrize(
+    "header", ["Api-Key", "Api-Key nodot", "Api-Key abc.def", "Bearer xyz", "Api-Key " + "a." * 200]
+)
 def test_malformed_or_unknown_key_is_401(payload, site_key, header):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=header)
@@ -227,11 +239,21 @@ def test_deactivated_site_is_403(api, payload, site):
     assert Notification.objects.count() == 0
 
 
-def test_source_site_id_mismatch_is_403(api, payload):
+def test_source_site_id_mismatch_is_403_with_the_field_named(api, payload):
     response = post(api, dict(payload, source_site_id="plant-b"))
     assert response.status_code == 403
-    assert response.json()["error"] == "site_mismatch"
+    assert response.json() == {
+        "error": "site_mismatch",
+        "detail": "source_site_id does not match the site of the API key.",
+        "errors": {"source_site_id": ["Does not match the site of the API key."]},
+    }
     assert Notification.objects.count() == 0
+
+
+def test_an_invalid_notification_naming_another_site_is_reported_invalid_first(api, payload):
+    response = post(api, dict(payload, source_site_id="plant-b", subject="two\nlines"))
+    assert response.status_code == 400
+    assert set(response.json()["errors"]) == {"subject"}
 
 
 def test_authenticating_records_the_site_last_seen_time(api, payload, site):
@@ -270,10 +292,19 @@ def test_batch_with_the_same_id_twice_creates_one_row_and_replays_the_second(api
     assert Notification.objects.count() == 1
 
 
-def test_batch_item_with_another_site_id_is_rejected(api):
-    results = post(api, {"notifications": [make_payload(source_site_id="plant-b")]}, url=BATCH_URL).json()["results"]
-    assert results[0]["result"] == "rejected"
-    assert "source_site_id" in results[0]["errors"]
+def test_batch_item_with_another_site_id_is_rejected_as_the_single_post_is(api):
+    item = make_payload(source_site_id="plant-b")
+    (result,) = post(api, {"notifications": [item]}, url=BATCH_URL).json()["results"]
+    single = post(api, item).json()
+    assert result["result"] == "rejected"
+    assert (
+        (result["error"], result["errors"])
+        == (single["error"], single["errors"])
+        == (
+            "site_mismatch",
+            {"source_site_id": ["Does not match the site of the API key."]},
+        )
+    )
 
 
 @override_settings(OUTBOX_BATCH_MAX_ITEMS=3)
@@ -316,8 +347,10 @@ def test_status_of_unknown_or_malformed_id_is_404(api):
 
 
 def test_list_shows_only_own_notifications_filtered_and_cursor_paginated(api, other_site_key):
-    ids = [post(api, make_payload(list_name="Operators" if i % 2 else "Managers")).json()["notification_id"]
-           for i in range(5)]  # fmt: skip
+    ids = [
+        post(api, make_payload(list_name="Operators" if i % 2 else "Managers")).json()["notification_id"]
+        for i in range(5)
+    ]
     other = APIClient()
     other.credentials(HTTP_AUTHORIZATION=f"Api-Key {other_site_key}")
     post(other, make_payload())
@@ -348,7 +381,29 @@ def test_list_filters_by_created_time_range(api):
     assert api.get(URL, {"created_after": before}).json()["results"] == []
 
 
-@pytest.mark.parametrize("query", [{"status": "Lost"}, {"created_after": "not-a-date"}, {"type": "pigeon"}])
+def test_a_created_filter_is_taken_as_its_utc_instant_whatever_its_offset(api):
+    post(api, make_payload())
+    now = timezone.now()
+    # ±23:59 is valid ISO-8601, beyond what PostgreSQL accepts as an offset (found by the
+    # schema fuzz test on PostgreSQL).
+    far_east = (now - timedelta(minutes=1)).astimezone(dt_timezone(timedelta(hours=23, minutes=17))).isoformat()
+    far_west = (now + timedelta(minutes=1)).astimezone(dt_timezone(-timedelta(hours=23, minutes=17))).isoformat()
+    response = api.get(URL, {"created_after": far_east, "created_before": far_west})
+    assert response.status_code == 200
+    assert len(response.json()["results"]) == 1
+    assert api.get(URL, {"created_after": far_west}).json()["results"] == []
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"status": "Lost"},
+        {"created_after": "not-a-date"},
+        {"type": "pigeon"},
+        # Valid ISO-8601, but before year 1 once converted to UTC (found by the schema fuzz test).
+        {"created_before": "0001-01-01T00:02:00.0+00:07"},
+    ],
+)
 def test_list_with_an_invalid_filter_is_400(api, query):
     assert api.get(URL, query).status_code == 400
 

@@ -9,15 +9,45 @@ from rest_framework.test import APIClient
 
 from notifications.models import NotificationList, SmtpConfiguration
 from sites.models import Site, SiteAPIKey
-from tests.conftest import make_payload
+from tests.support.payloads import make_payload
 
 CONFIG = {
-    "smtp": {"host": "smtp.example.com", "port": 587, "security": "starttls", "username": "outbox",
-             "password": "s3cret", "from_address": "outbox@example.com", "timeout_seconds": 10,
-             "max_retries": 10, "retry_interval_seconds": 60},
-    "lists": [{"name": "Operators", "description": "Shift operators", "email": ["a@example.com", "b@example.com"]}],
+    "smtp": {
+        "host": "smtp.example.com",
+        "port": 587,
+        "security": "starttls",
+        "username": "outbox",
+        "password": "s3cret",
+        "from_address": "outbox@example.com",
+        "timeout_seconds": 10,
+        "max_retries": 10,
+        "retry_interval_seconds": 60,
+    },
+    "policies": {
+        "email": {
+            "strategy": "exponential",
+            "interval_seconds": 30,
+            "max_interval_seconds": 900,
+            "jitter": 0.2,
+            "max_attempts": 8,
+            "max_age_seconds": 86400,
+            "retry_on": ["connection", "timeout", "auth", "throttled", "provider_error"],
+            "breaker_threshold": 5,
+            "breaker_cooldown_seconds": 30,
+            "breaker_max_cooldown_seconds": 600,
+            "rate_per_minute": 30,
+        }
+    },
+    "lists": [
+        {
+            "name": "Operators",
+            "description": "Shift operators",
+            "recipient_mode": "individual",
+            "email": ["a@example.com", "b@example.com"],
+        }
+    ],
     "sites": [{"site_id": "plant-a", "name": "Plant A", "active": True}],
-}  # fmt: skip
+}
 
 
 def run(*args):
@@ -69,11 +99,12 @@ def test_revoke_unknown_prefix_is_a_clear_error(db):
 
 def test_import_creates_everything_and_export_round_trips_without_secrets(db, tmp_path):
     out, _ = run("outbox_config", "import", write(tmp_path, CONFIG))
-    assert "lists 1 created" in out and "sites 1 created" in out
-    assert SmtpConfiguration.current().password == "s3cret"
+    assert "policies 1 created" in out and "lists 1 created" in out and "sites 1 created" in out
+    assert SmtpConfiguration.objects.get().password == "s3cret"
     assert list(NotificationList.objects.get(name="Operators").email_recipients.values_list("email", flat=True)) == [
-        "a@example.com", "b@example.com"
-    ]  # fmt: skip
+        "a@example.com",
+        "b@example.com",
+    ]
 
     exported, _ = run("outbox_config", "export")
     data = json.loads(exported)
@@ -85,7 +116,7 @@ def test_import_creates_everything_and_export_round_trips_without_secrets(db, tm
 
     # Re-importing the export keeps the stored password.
     run("outbox_config", "import", write(tmp_path, data, "export.json"))
-    assert SmtpConfiguration.current().password == "s3cret"
+    assert SmtpConfiguration.objects.get().password == "s3cret"
 
 
 def test_import_upserts_by_natural_key_and_replaces_recipients(db, tmp_path):
@@ -101,7 +132,15 @@ def test_import_upserts_by_natural_key_and_replaces_recipients(db, tmp_path):
     assert list(operators.email_recipients.values_list("email", flat=True)) == ["c@example.com"]
     site = Site.objects.get(site_id="plant-a")
     assert site.active is False and site.name == "Plant A"
-    assert SmtpConfiguration.current().host == "smtp.example.com"
+    assert SmtpConfiguration.objects.get().host == "smtp.example.com"
+
+
+def test_a_list_imported_without_recipient_mode_is_bcc_and_an_update_without_it_keeps_the_mode(db, tmp_path):
+    run("outbox_config", "import", write(tmp_path, {"lists": [{"name": "Leads", "email": ["a@example.com"]}]}))
+    assert NotificationList.objects.get(name="Leads").recipient_mode == "bcc"
+    run("outbox_config", "import", write(tmp_path, CONFIG))
+    run("outbox_config", "import", write(tmp_path, {"lists": [{"name": "operators", "email": []}]}, "update.json"))
+    assert NotificationList.objects.get(name__iexact="operators").recipient_mode == "individual"
 
 
 @pytest.mark.parametrize(
@@ -116,12 +155,13 @@ def test_import_upserts_by_natural_key_and_replaces_recipients(db, tmp_path):
         ({"smtp": {"host": "h", "from_address": "x@example.com", "port": 70000}}, "smtp.port"),
         ({"smtp": {"from_address": "x@example.com"}}, "smtp.host: is required"),
         ({"colours": []}, "colours: unknown section"),
+        ({"lists": [{"name": "Ops", "recipient_mode": "cc"}]}, "lists[0] ('Ops').recipient_mode: 'cc' is not one of"),
     ],
 )
 def test_invalid_file_names_the_offending_entry_and_changes_nothing(db, tmp_path, broken, message):
     run("outbox_config", "import", write(tmp_path, CONFIG))
     data = dict(CONFIG, **broken)
-    data["lists"] = list(data["lists"]) + [{"name": "Extra", "email": ["x@example.com"]}]
+    data["lists"] = [*list(data["lists"]), {"name": "Extra", "email": ["x@example.com"]}]
     with pytest.raises(CommandError) as excinfo:
         run("outbox_config", "import", write(tmp_path, data, "broken.json"))
     assert message in str(excinfo.value)
@@ -134,3 +174,25 @@ def test_import_of_a_missing_or_malformed_file_is_a_clear_error(db, tmp_path):
         run("outbox_config", "import", str(tmp_path / "missing.json"))
     with pytest.raises(CommandError, match="not valid JSON"):
         run("outbox_config", "import", write(tmp_path, "{nope"))
+
+
+def test_an_import_moving_the_smtp_server_without_a_password_is_refused_and_changes_nothing(db, tmp_path):
+    run("outbox_config", "import", write(tmp_path, CONFIG))
+    moved = json.loads(json.dumps(CONFIG))
+    del moved["smtp"]["password"]
+    moved["smtp"]["host"] = "attacker.example"
+    with pytest.raises(CommandError, match=r"smtp\.password: Re-enter the password"):
+        run("outbox_config", "import", write(tmp_path, moved, "moved.json"))
+    config = SmtpConfiguration.objects.get()
+    assert (config.host, config.password) == ("smtp.example.com", "s3cret")
+
+
+def test_list_names_in_a_configuration_file_follow_the_ingest_rules(db, tmp_path):
+    data = {"lists": [{"name": "  Operators "}, {"name": "OPERATORS"}, {"name": "\u041eperators"}]}
+    with pytest.raises(CommandError) as refused:
+        run("outbox_config", "import", write(tmp_path, data))
+    message = str(refused.value)
+    assert "duplicate of lists[0]" in message
+    assert "Mixes Cyrillic and Latin letters" in message
+    run("outbox_config", "import", write(tmp_path, {"lists": [{"name": "  Operators "}]}))
+    assert list(NotificationList.objects.values_list("name", flat=True)) == ["Operators"]

@@ -6,33 +6,39 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from notifications.adapters.base import DeliveryError, DeliveryResult, RetryPolicy
-from notifications.dispatch import DeliveryOutcome, notification_apply_result, notifications_claim_due
+from notifications.adapters.base import DeliveryError, DeliveryResult
+from notifications.dispatch import (
+    DeliveryOutcome,
+    Finish,
+    delivery_attempts_record,
+    notifications_claim_due,
+    notifications_finish,
+)
 from notifications.models import DeliveryAttempt, Notification
-from tests.dispatch.conftest import fresh, queue, run_pass
+from tests.dispatch.conftest import channel_with, fresh, queue, run_pass
 
 Status = Notification.Status
 
 
 def test_claim_stamps_a_lease_and_hides_the_rows_from_other_workers(db):
     queue(3)
-    claimed = notifications_claim_due(worker_id="w1", limit=2)
+    claimed = notifications_claim_due(worker_id="w1", limit=2).rows
     assert len(claimed) == 2
     for row in Notification.objects.filter(pk__in=[n.pk for n in claimed]):
         assert row.claimed_by == "w1"
-        assert row.claimed_until > timezone.now() + timedelta(seconds=60)
-    others = notifications_claim_due(worker_id="w2", limit=10)
+        assert row.claimed_until is not None and row.claimed_until > timezone.now() + timedelta(seconds=60)
+    others = notifications_claim_due(worker_id="w2", limit=10).rows
     assert len(others) == 1
     assert {n.pk for n in others}.isdisjoint({n.pk for n in claimed})
-    assert notifications_claim_due(worker_id="w3", limit=10) == []
+    assert notifications_claim_due(worker_id="w3", limit=10).rows == []
 
 
 def test_a_row_whose_lease_expired_is_due_again(db):
     (notification,) = queue()
     notifications_claim_due(worker_id="crashed", limit=10)
-    assert notifications_claim_due(worker_id="w2", limit=10) == []
+    assert notifications_claim_due(worker_id="w2", limit=10).rows == []
     later = timezone.now() + timedelta(seconds=121)
-    (reclaimed,) = notifications_claim_due(worker_id="w2", limit=10, now=later)
+    (reclaimed,) = notifications_claim_due(worker_id="w2", limit=10, now=later).rows
     assert reclaimed.pk == notification.pk
     assert fresh(notification).claimed_by == "w2"
 
@@ -41,49 +47,86 @@ def test_only_pending_and_due_retrying_rows_are_claimed(db):
     pending, retrying_due, retrying_later, parked, delivered = queue(5)
     now = timezone.now()
     Notification.objects.filter(pk=retrying_due.pk).update(status=Status.RETRYING, next_attempt_at=now)
-    Notification.objects.filter(pk=retrying_later.pk).update(status=Status.RETRYING,
-                                                             next_attempt_at=now + timedelta(minutes=1))  # fmt: skip
+    Notification.objects.filter(pk=retrying_later.pk).update(
+        status=Status.RETRYING, next_attempt_at=now + timedelta(minutes=1)
+    )
     Notification.objects.filter(pk=parked.pk).update(status=Status.PARKED)
     Notification.objects.filter(pk=delivered.pk).update(status=Status.DELIVERED)
-    claimed = {n.pk for n in notifications_claim_due(worker_id="w1", limit=10, now=now + timedelta(seconds=1))}
+    claimed = {n.pk for n in notifications_claim_due(worker_id="w1", limit=10, now=now + timedelta(seconds=1)).rows}
     assert claimed == {pending.pk, retrying_due.pk}
 
 
 def test_a_pending_row_without_a_next_attempt_time_is_still_due(db):
     (notification,) = queue()
     Notification.objects.filter(pk=notification.pk).update(next_attempt_at=None)
-    assert [n.pk for n in notifications_claim_due(worker_id="w1", limit=10)] == [notification.pk]
+    assert [n.pk for n in notifications_claim_due(worker_id="w1", limit=10).rows] == [notification.pk]
+
+
+def claim_one(worker_id):
+    """Claim the one due row for ``worker_id`` and record its attempt, as a dispatch batch does."""
+    (claimed,) = notifications_claim_due(worker_id=worker_id, limit=1).rows
+    attempts = delivery_attempts_record(worker_id=worker_id, notifications=[claimed], now=timezone.now())
+    return claimed, attempts[claimed.pk]
+
+
+def finish_one(worker_id, claimed, attempt, outcome, channel=None):
+    return notifications_finish(
+        worker_id=worker_id,
+        outcomes=[Finish(notification=claimed, attempt=attempt, outcome=outcome, channel=channel or channel_with())],
+    )
 
 
 def test_finishing_does_not_overwrite_a_row_another_worker_reclaimed(db):
     (notification,) = queue()
-    (claimed,) = notifications_claim_due(worker_id="slow", limit=1)
+    claimed, attempt = claim_one("slow")
     Notification.objects.filter(pk=notification.pk).update(claimed_by="other")
-    outcome = DeliveryOutcome(result=DeliveryResult(targets=[]), started_at=timezone.now())
-    assert notification_apply_result(notification=claimed, outcome=outcome, worker_id="slow", policy=None) is False
+    report = finish_one("slow", claimed, attempt, DeliveryOutcome(result=DeliveryResult(targets=[])))
+    assert (report.delivered, report.lost) == (0, 1)
     notification = fresh(notification)
     assert (notification.status, notification.claimed_by) == (Status.PENDING, "other")
+    # The attempt still records what happened: the delivery did take place.
+    assert DeliveryAttempt.objects.get(pk=attempt.pk).outcome == DeliveryAttempt.Outcome.SUCCESS
 
 
 def test_finishing_does_not_overwrite_an_operator_change_of_status(db):
     (notification,) = queue()
-    (claimed,) = notifications_claim_due(worker_id="w1", limit=1)
+    claimed, attempt = claim_one("w1")
     Notification.objects.filter(pk=notification.pk).update(status=Status.DISCARDED)
-    outcome = DeliveryOutcome(error=DeliveryError("451 later", permanent=False), started_at=timezone.now())
-    policy = RetryPolicy(max_retries=3, interval_seconds=60)
-    assert notification_apply_result(notification=claimed, outcome=outcome, worker_id="w1", policy=policy) is False
+    outcome = DeliveryOutcome(error=DeliveryError("451 later", failure_class="provider_error"))
+    report = finish_one("w1", claimed, attempt, outcome, channel_with(max_attempts=3))
+    assert (report.retrying, report.lost) == (0, 1)
     assert fresh(notification).status == Status.DISCARDED
 
 
-def test_max_retries_of_zero_parks_on_the_first_transient_failure(db):
+def test_one_allowed_attempt_parks_on_the_first_transient_failure(db):
     (notification,) = queue()
-    (claimed,) = notifications_claim_due(worker_id="w1", limit=1)
-    outcome = DeliveryOutcome(error=DeliveryError("451 later", permanent=False), started_at=timezone.now())
-    notification_apply_result(notification=claimed, outcome=outcome, worker_id="w1",
-                              policy=RetryPolicy(max_retries=0, interval_seconds=60))  # fmt: skip
+    claimed, attempt = claim_one("w1")
+    outcome = DeliveryOutcome(error=DeliveryError("451 later", failure_class="provider_error"))
+    report = finish_one("w1", claimed, attempt, outcome, channel_with(max_attempts=1))
+    assert report.parked == 1
     notification = fresh(notification)
     assert notification.status == Status.PARKED
     assert notification.last_error == "Retries exhausted (1 failed attempts): 451 later"
+
+
+def test_a_finished_row_was_last_attempted_when_its_attempt_started(db):
+    (notification,) = queue()
+    claimed, attempt = claim_one("w1")
+    finish_one("w1", claimed, attempt, DeliveryOutcome(result=DeliveryResult(targets=[]), duration_ms=7))
+    attempt = DeliveryAttempt.objects.get(pk=attempt.pk)
+    assert fresh(notification).last_attempt_at == attempt.started_at
+    assert (attempt.outcome, attempt.duration_ms) == (DeliveryAttempt.Outcome.SUCCESS, 7)
+
+
+def test_a_row_released_unstarted_is_due_again_and_keeps_no_attempt(db):
+    (notification,) = queue()
+    claimed, attempt = claim_one("w1")
+    report = finish_one("w1", claimed, attempt, DeliveryOutcome(started=False))
+    assert report.released == 1
+    notification = fresh(notification)
+    assert (notification.status, notification.claimed_by, notification.last_attempt_at) == (Status.PENDING, "", None)
+    assert not DeliveryAttempt.objects.exists()
+    assert [row.pk for row in notifications_claim_due(worker_id="w2", limit=1).rows] == [notification.pk]
 
 
 @pytest.mark.usefixtures("operators_list")

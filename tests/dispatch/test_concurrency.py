@@ -5,11 +5,11 @@ import signal
 import pytest
 from django.utils import timezone
 
-from notifications.ingest import notification_validate, notifications_ingest
+from notifications.ingest import notifications_ingest
 from notifications.models import DeliveryAttempt, Notification
-from tests.conftest import make_payload
-from tests.dispatch.conftest import configure_smtp
+from tests.dispatch.conftest import configure_smtp, validated
 from tests.dispatch.test_worker import make_operators
+from tests.support.payloads import make_payload
 from tests.support.processes import manage, poll
 from tests.support.smtp import SmtpServer
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def ingest(count):
-    items = [notification_validate(make_payload())[0] for _ in range(count)]
+    items = [validated(make_payload()) for _ in range(count)]
     notifications_ingest(site_id="plant-a", inputs=items)
     return {str(item.notification_id) for item in items}
 
@@ -36,9 +36,9 @@ def test_three_dispatchers_deliver_2000_notifications_exactly_once(sink):
     ids = ingest(2000)
     workers = [manage("dispatch", "--once", "--batch-size", "50", "--concurrency", "4") for _ in range(3)]
     for worker in workers:
-        out, err = worker.communicate(timeout=120)
+        _out, err = worker.communicate(timeout=120)
         assert worker.returncode == 0, err
-    assert sink.count_by_notification_id() == {notification_id: 1 for notification_id in ids}
+    assert sink.count_by_notification_id() == dict.fromkeys(ids, 1)
     assert Notification.objects.filter(status=Status.DELIVERED).count() == 2000
     assert DeliveryAttempt.objects.filter(outcome="success").count() == 2000
     assert DeliveryAttempt.objects.values("worker").distinct().count() >= 2  # they really shared the work
@@ -52,17 +52,21 @@ def test_a_killed_dispatcher_loses_nothing_and_duplicates_only_what_was_in_fligh
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
     received_at_kill = set(sink.count_by_notification_id())
-    recorded_at_kill = {str(pk) for pk in Notification.objects.filter(status=Status.DELIVERED)
-                        .values_list("pk", flat=True)}  # fmt: skip
+    recorded_at_kill = {
+        str(pk) for pk in Notification.objects.filter(status=Status.DELIVERED).values_list("pk", flat=True)
+    }
     in_flight = received_at_kill - recorded_at_kill  # the server accepted them; the row never heard
     assert Notification.objects.filter(claimed_until__gt=timezone.now()).exists()  # a batch was held
 
     # Nothing is lost: once the lease expires the rows are due again and a new worker finishes.
-    poll(lambda: not Notification.objects.filter(claimed_until__gt=timezone.now()).exists(), timeout=10,
-         message="the lease never expired")  # fmt: skip
+    poll(
+        lambda: not Notification.objects.filter(claimed_until__gt=timezone.now()).exists(),
+        timeout=10,
+        message="the lease never expired",
+    )
     sink.behave("accept")
     rescuer = manage("dispatch", "--once")
-    out, err = rescuer.communicate(timeout=120)
+    _out, err = rescuer.communicate(timeout=120)
     assert rescuer.returncode == 0, err
 
     assert not Notification.objects.filter(status__in=Notification.NON_TERMINAL).exists()

@@ -1,4 +1,4 @@
-"""Email delivery against a real SMTP server on loopback: every outcome of DESIGN §4."""
+"""Email delivery against a real SMTP server on loopback: every outcome of the dispatch rules (docs/architecture.md)."""
 
 from datetime import timedelta
 
@@ -64,8 +64,9 @@ def test_connections_are_reused_across_a_batch(smtp_server, smtp_config):
 
 def test_list_names_resolve_case_insensitively_at_delivery_time(smtp_server, smtp_config):
     (notification,) = queue(list_name="operators")
-    EmailRecipient.objects.create(notification_list=NotificationList.objects.get(name="Operators"),
-                                  email="late@example.com")  # fmt: skip
+    EmailRecipient.objects.create(
+        notification_list=NotificationList.objects.get(name="Operators"), email="late@example.com"
+    )
     run_pass()
     assert fresh(notification).status == Status.DELIVERED
     assert smtp_server.received[0].rcpt_tos == ["late@example.com", "op1@example.com", "op2@example.com"]
@@ -79,10 +80,11 @@ def test_4xx_reply_schedules_a_retry_after_the_fixed_interval(smtp_server, smtp_
     notification = fresh(notification)
     assert notification.status == Status.RETRYING
     assert notification.retry_count == 1
-    assert "451" in notification.last_error and "attempt 1 of 3" in notification.last_error
+    assert notification.last_error.startswith("Transient failure (provider_error, attempt 1 of 3): ")
+    assert "451" in notification.last_error
     assert before + timedelta(seconds=59) < notification.next_attempt_at < timezone.now() + timedelta(seconds=61)
     (attempt,) = notification.attempts.all()
-    assert (attempt.outcome, attempt.detail["smtp_code"]) == ("transient", 451)
+    assert (attempt.outcome, attempt.failure_class, attempt.detail["smtp_code"]) == ("transient", "provider_error", 451)
     # Not due again before the interval has passed.
     assert run_pass().claimed == 0
 
@@ -121,10 +123,14 @@ def test_5xx_reply_parks_at_once_as_a_permanent_failure(smtp_server, smtp_config
     notification = fresh(notification)
     assert notification.status == Status.PARKED
     assert notification.retry_count == 1
-    assert notification.last_error.startswith("Permanent failure: ")
+    assert notification.last_error.startswith("Permanent failure (content_rejected): ")
     assert "554" in notification.last_error and "exhausted" not in notification.last_error
     (attempt,) = notification.attempts.all()
-    assert (attempt.outcome, attempt.detail["smtp_code"]) == ("permanent", 554)
+    assert (attempt.outcome, attempt.failure_class, attempt.detail["smtp_code"]) == (
+        "permanent",
+        "content_rejected",
+        554,
+    )
 
 
 def test_partial_recipient_refusal_delivers_to_the_accepted_and_records_each_outcome(smtp_server, smtp_config):
@@ -159,7 +165,7 @@ def test_every_recipient_refused_with_4xx_is_retried(smtp_server, smtp_config):
     assert fresh(notification).status == Status.RETRYING
 
 
-def test_server_hanging_past_the_timeout_is_a_transient_failure(smtp_server, smtp_config):
+def test_server_hanging_past_the_timeout_is_a_channel_failure(smtp_server, smtp_config):
     configure_smtp(smtp_server, timeout_seconds=1)
     smtp_server.behave("hang", hang_seconds=10)
     (notification,) = queue()
@@ -170,10 +176,11 @@ def test_server_hanging_past_the_timeout_is_a_transient_failure(smtp_server, smt
     assert notification.attempts.get().duration_ms >= 900
 
 
-def test_server_that_never_greets_times_out_as_a_transient_failure(db):
+def test_server_that_never_greets_times_out_as_a_channel_failure(db):
     with silent_port() as port:
-        SmtpConfiguration.objects.create(host="127.0.0.1", port=port, security="none",
-                                         from_address="outbox@example.com", timeout_seconds=1)  # fmt: skip
+        SmtpConfiguration.objects.create(
+            host="127.0.0.1", port=port, security="none", from_address="outbox@example.com", timeout_seconds=1
+        )
         (notification,) = queue()
         run_pass()
     notification = fresh(notification)
@@ -181,7 +188,7 @@ def test_server_that_never_greets_times_out_as_a_transient_failure(db):
     assert "timed out" in notification.last_error
 
 
-def test_dropped_connection_is_a_transient_failure(smtp_server, smtp_config):
+def test_dropped_connection_is_a_channel_failure(smtp_server, smtp_config):
     smtp_server.behave("drop")
     (notification,) = queue()
     run_pass()
@@ -190,9 +197,10 @@ def test_dropped_connection_is_a_transient_failure(smtp_server, smtp_config):
     assert "connection" in notification.last_error.lower()
 
 
-def test_refused_connection_is_a_transient_failure(db):
-    SmtpConfiguration.objects.create(host="127.0.0.1", port=closed_port(), security="none",
-                                     from_address="outbox@example.com")  # fmt: skip
+def test_refused_connection_is_a_channel_failure(db):
+    SmtpConfiguration.objects.create(
+        host="127.0.0.1", port=closed_port(), security="none", from_address="outbox@example.com"
+    )
     (notification,) = queue()
     run_pass()
     notification = fresh(notification)
@@ -208,14 +216,16 @@ def test_login_with_correct_credentials_delivers(db):
     assert fresh(notification).status == Status.DELIVERED
 
 
-def test_authentication_failure_parks_with_a_clear_message(db):
+def test_authentication_failure_waits_for_the_channel_with_a_clear_message(db):
     with SmtpServer(auth=("outbox", "s3cret")) as server:
         configure_smtp(server, username="outbox", password="wrong")
         (notification,) = queue()
         run_pass()
         assert server.count == 0
     notification = fresh(notification)
-    assert notification.status == Status.PARKED
+    assert notification.status == Status.RETRYING  # the channel's fault: the row waits, never parks for it
+    assert (notification.retry_count, notification.channel_failures) == (1, 1)
+    assert notification.last_error.startswith("Channel failure (auth; retried until the channel recovers): ")
     assert "SMTP authentication failed" in notification.last_error
     assert "username and password" in notification.last_error
 
@@ -246,7 +256,7 @@ def test_unknown_list_parks_without_contacting_the_server(smtp_server, smtp_conf
     run_pass()
     notification = fresh(notification)
     assert notification.status == Status.PARKED
-    assert notification.last_error == "Permanent failure: Unknown notification list 'Nobody'."
+    assert notification.last_error == "Permanent failure (configuration): Unknown notification list 'Nobody'."
     assert notification.attempts.get().outcome == "permanent"
     assert smtp_server.connections == 0
 

@@ -5,12 +5,19 @@ from email.policy import default
 
 import pytest
 
-from notifications.adapters.email import MAX_LINE_BYTES, compose_message
+from notifications.adapters.email_compose import MAX_LINE_BYTES, compose_message
 
 
 def compose(subject="Pump 3 tripped", body="Overcurrent at 10:00.\nCheck the motor.", to=("a@example.com",)):
-    return compose_message(from_address="outbox@example.com", to=list(to), subject=subject, body=body,
-                           message_id="<id@example.com>", notification_id="6f1c", date="Mon, 23 Nov 2026 10:00:00 +0000")  # fmt: skip
+    return compose_message(
+        from_address="outbox@example.com",
+        to=list(to),
+        subject=subject,
+        body=body,
+        message_id="<id@example.com>",
+        notification_id="6f1c",
+        date="Mon, 23 Nov 2026 10:00:00 +0000",
+    )
 
 
 @pytest.mark.parametrize(
@@ -39,3 +46,41 @@ def test_many_recipients_are_folded_and_all_listed():
     assert all(len(line) <= MAX_LINE_BYTES for line in raw.split(b"\r\n"))
     message = message_from_bytes(raw, policy=default)
     assert [address.addr_spec for address in message["To"].addresses] == recipients
+
+
+def rich(**content):
+    from notifications.adapters.email_compose import compose_rich
+    from notifications.email_content import Attachment, EmailContent
+
+    attachments = tuple(Attachment(**a) for a in content.pop("attachments", ()))
+    return compose_rich(
+        from_address="outbox@example.com",
+        to=[],
+        subject="Pumpe 3 ausgelöst",
+        body="Überstrom.\n" + "y" * 3000,
+        message_id="<id@example.com>",
+        notification_id="6f1c",
+        date="Mon, 23 Nov 2026 10:00:00 +0000",
+        content=EmailContent(attachments=attachments, **content),
+    )
+
+
+def test_a_rich_message_keeps_every_line_within_the_limit_and_uses_crlf_only():
+    raw = rich(
+        html="<p>" + "z" * 5000 + "</p>",
+        cc=("chief@example.com",),
+        attachments=[{"filename": "n" * 250 + ".csv", "content_type": "text/csv", "content": b"a;b\n" * 5000}],
+    )
+    assert b"\n" not in raw.replace(b"\r\n", b"")
+    assert all(len(line) <= MAX_LINE_BYTES for line in raw.split(b"\r\n"))
+    message = message_from_bytes(raw, policy=default)
+    assert message["Subject"] == "Pumpe 3 ausgelöst"
+    (attachment,) = message.iter_attachments()
+    filename = attachment.get_filename() or ""
+    assert len(filename) == 120 and filename.endswith(".csv")
+
+
+def test_no_visible_recipients_shows_the_undisclosed_recipients_group_in_both_composers():
+    for raw in (compose(to=()), rich(html="<p>x</p>")):
+        message = message_from_bytes(raw, policy=default)
+        assert message["To"] == "undisclosed-recipients:;" and message["To"].addresses == ()

@@ -11,8 +11,9 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 
+from notifications.adapters.base import FailureClass
 from notifications.kpis import kpis_compute
-from notifications.models import DeliveryAttempt, Notification
+from notifications.models import ChannelHealth, DeliveryAttempt, Notification
 from notifications.purge import notifications_purge
 
 Status = Notification.Status
@@ -20,15 +21,22 @@ _n = itertools.count()
 NOW = timezone.now()
 
 
-def make(status, *, age, site="plant-a", delivered_ago=None):
+def make(status, *, age, site="plant-a", delivered_ago=None, expired=False):
     n = next(_n)
     created = NOW - age
     row = Notification.objects.create(
-        notification_id=uuid.uuid4(), list_name="Operators", subject=f"n{n}", source_site_id=site,
-        site_enqueued_at=created, created_at=created, next_attempt_at=created, status=status,
+        notification_id=uuid.uuid4(),
+        list_name="Operators",
+        subject=f"n{n}",
+        source_site_id=site,
+        site_enqueued_at=created,
+        created_at=created,
+        next_attempt_at=created,
+        status=status,
         delivered_at=None if delivered_ago is None else NOW - delivered_ago,
+        expired_at=NOW if expired else None,
         fingerprint=hashlib.sha256(str(n).encode()).hexdigest(),
-    )  # fmt: skip
+    )
     DeliveryAttempt.objects.create(notification=row, outcome="success")
     return row
 
@@ -41,11 +49,14 @@ def aged(db, settings):
     settings.OUTBOX_RETENTION_DAYS = 30
     old, young = timedelta(days=31), timedelta(days=29)
     return {
-        "old_terminal": [make(Status.DELIVERED, age=old), make(Status.PARKED, age=old),
-                         make(Status.DISCARDED, age=old)],
+        "old_terminal": [
+            make(Status.DELIVERED, age=old),
+            make(Status.PARKED, age=old),
+            make(Status.DISCARDED, age=old),
+        ],
         "old_live": [make(Status.PENDING, age=old), make(Status.RETRYING, age=old)],
         "young": [make(Status.DELIVERED, age=young), make(Status.PARKED, age=young)],
-    }  # fmt: skip
+    }
 
 
 def test_purge_deletes_only_terminal_rows_older_than_the_retention_window(aged):
@@ -85,7 +96,7 @@ def test_purge_command_prints_progress_and_honours_dry_run(aged, capsys):
 def crafted(db, settings):
     settings.OUTBOX_STUCK_AGE = 600
     settings.OUTBOX_KPI_INTERVAL = 3600
-    make(Status.PENDING, age=timedelta(minutes=30))                   # stuck
+    make(Status.PENDING, age=timedelta(minutes=30))  # stuck
     make(Status.RETRYING, age=timedelta(minutes=5))
     make(Status.PENDING, age=timedelta(seconds=10))
     make(Status.PARKED, age=timedelta(days=2))
@@ -93,42 +104,112 @@ def crafted(db, settings):
     make(Status.DELIVERED, age=timedelta(hours=3), delivered_ago=timedelta(hours=2))  # before the interval
     make(Status.DISCARDED, age=timedelta(days=3))
     make(Status.PENDING, age=timedelta(minutes=11), site="plant-b")  # stuck
-    make(Status.PARKED, age=timedelta(days=1), site="plant-b")
+    make(Status.PARKED, age=timedelta(days=1), site="plant-b", expired=True)
     make(Status.DELIVERED, age=timedelta(days=9), site="plant-c", delivered_ago=timedelta(days=9))
+    # Failed attempts: two within the interval, one before it.
+    retrying = Notification.objects.get(status=Status.RETRYING)
+    for failure_class, ago in (("connection", 5), ("connection", 50), ("auth", 61)):
+        DeliveryAttempt.objects.create(
+            notification=retrying,
+            outcome="transient",
+            failure_class=failure_class,
+            started_at=NOW - timedelta(minutes=ago),
+        )
+
+
+NO_FAILURES = dict.fromkeys(FailureClass.values, 0)
 
 
 def test_kpis_are_computed_globally_and_per_site(crafted):
     kpis = kpis_compute(now=NOW)
-    assert kpis["global"] == {"queue_depth": 4, "stuck": 2, "parked": 2, "delivered_last_interval": 1,
-                              "oldest_pending_age_seconds": 1800.0}  # fmt: skip
+    assert kpis["global"] == {
+        "queue_depth": 4,
+        "stuck": 2,
+        "parked": 2,
+        "expired": 1,
+        "delivered_last_interval": 1,
+        "oldest_pending_age_seconds": 1800.0,
+        "failures_last_interval": {**NO_FAILURES, "connection": 2},
+    }
     assert kpis["per_site"] == {
-        "plant-a": {"queue_depth": 3, "stuck": 1, "parked": 1, "delivered_last_interval": 1,
-                    "oldest_pending_age_seconds": 1800.0},
-        "plant-b": {"queue_depth": 1, "stuck": 1, "parked": 1, "delivered_last_interval": 0,
-                    "oldest_pending_age_seconds": 660.0},
-    }  # fmt: skip
+        "plant-a": {
+            "queue_depth": 3,
+            "stuck": 1,
+            "parked": 1,
+            "expired": 0,
+            "delivered_last_interval": 1,
+            "oldest_pending_age_seconds": 1800.0,
+        },
+        "plant-b": {
+            "queue_depth": 1,
+            "stuck": 1,
+            "parked": 1,
+            "expired": 1,
+            "delivered_last_interval": 0,
+            "oldest_pending_age_seconds": 660.0,
+        },
+    }
+    assert kpis["channels"] == []
     assert kpis["computed_at"].endswith("Z")
+
+
+def test_kpis_list_open_channels_with_since_when_the_last_class_and_the_rows_waiting(crafted):
+    opened = NOW - timedelta(minutes=7)
+    ChannelHealth.objects.create(
+        channel="email",
+        endpoint="smtp.example.com:587",
+        state="open",
+        opened_at=opened,
+        last_failure_class="auth",
+        last_error="535 authentication failed",
+        probe_after=NOW + timedelta(seconds=30),
+        probes=2,
+    )
+    ChannelHealth.objects.create(channel="email", endpoint="old-relay:25", state="closed")
+    (channel,) = kpis_compute(now=NOW)["channels"]
+    assert channel == {
+        "channel": "email",
+        "endpoint": "smtp.example.com:587",
+        "state": "open",
+        "since": opened.isoformat().replace("+00:00", "Z"),
+        "last_failure_class": "auth",
+        "last_error": "535 authentication failed",
+        "next_probe_at": (NOW + timedelta(seconds=30)).isoformat().replace("+00:00", "Z"),
+        "probes": 2,
+        "rows_waiting": 4,
+    }
 
 
 def test_kpis_of_an_empty_table_have_no_oldest_age(db):
     kpis = kpis_compute()
-    assert kpis["global"] == {"queue_depth": 0, "stuck": 0, "parked": 0, "delivered_last_interval": 0,
-                              "oldest_pending_age_seconds": None}  # fmt: skip
+    assert kpis["global"] == {
+        "queue_depth": 0,
+        "stuck": 0,
+        "parked": 0,
+        "expired": 0,
+        "delivered_last_interval": 0,
+        "oldest_pending_age_seconds": None,
+        "failures_last_interval": NO_FAILURES,
+    }
     assert kpis["per_site"] == {}
+    assert kpis["channels"] == []
 
 
-def test_kpis_take_one_query(crafted, django_assert_num_queries):
-    with django_assert_num_queries(1):
+def test_kpis_take_three_queries_while_every_channel_is_healthy(crafted, django_assert_num_queries):
+    # Open rows and delivered rows in one statement, failures by class, channel health.
+    with django_assert_num_queries(3):
         kpis_compute()
 
 
-def basic(username, password):
-    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+def token(username):
+    from rest_framework.authtoken.models import Token
+
+    return "Token " + Token.objects.get_or_create(user=User.objects.get(username=username))[0].key
 
 
-def test_kpi_endpoint_answers_staff_with_basic_or_session_authentication(crafted, client):
+def test_kpi_endpoint_answers_staff_with_a_token_or_a_session(crafted, client):
     User.objects.create_user("boss", password="pw-123456", is_staff=True)
-    response = client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=basic("boss", "pw-123456"))
+    response = client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=token("boss"))
     assert response.status_code == 200
     assert response.json()["global"]["queue_depth"] == 4
     client.login(username="boss", password="pw-123456")
@@ -138,7 +219,10 @@ def test_kpi_endpoint_answers_staff_with_basic_or_session_authentication(crafted
 def test_kpi_endpoint_refuses_anonymous_with_401_and_non_staff_with_403(db, client, api):
     User.objects.create_user("clerk", password="pw-123456", is_staff=False)
     response = client.get("/api/v1/kpis/")
-    assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Basic")
-    assert client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=basic("clerk", "pw-123456")).status_code == 403
-    assert client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=basic("boss", "wrong")).status_code == 401
+    assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Token")
+    assert client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=token("clerk")).status_code == 403
+    assert client.get("/api/v1/kpis/", HTTP_AUTHORIZATION="Token 0123456789abcdef").status_code == 401
+    # HTTP Basic is not offered: each guess would cost a password hash.
+    basic = "Basic " + base64.b64encode(b"clerk:pw-123456").decode()
+    assert client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=basic).status_code == 401
     assert api.get("/api/v1/kpis/").status_code == 401  # a site key is not a staff login

@@ -5,16 +5,18 @@ import smtplib
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from email.message import EmailMessage
 
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from django_q.conf import Conf
 from django_q.models import OrmQ, Schedule
 from django_q.signing import SignedPackage
 
-from notifications import tasks
+from notifications import schedules, tasks, trigger
 from notifications.models import DeliveryAttempt, EmailRecipient, Notification, NotificationList
 from tests.dispatch.conftest import configure_smtp, queue
 from tests.support.processes import ROOT, child_env, manage, poll
@@ -25,9 +27,10 @@ Status = Notification.Status
 
 def queued_dispatch_tasks():
     return [
-        p for p in OrmQ.objects.filter(key=Conf.CLUSTER_NAME).values_list("payload", flat=True)
-        if SignedPackage.loads(p)["func"] == tasks.DISPATCH_TASK
-    ]  # fmt: skip
+        p
+        for p in OrmQ.objects.filter(key=Conf.CLUSTER_NAME).values_list("payload", flat=True)
+        if SignedPackage.loads(p)["func"] == trigger.DISPATCH_TASK
+    ]
 
 
 def make_operators():
@@ -39,27 +42,52 @@ def make_operators():
 # --- trigger and tasks ------------------------------------------------------------------------
 
 
+@pytest.mark.dispatch_trigger
 def test_a_burst_of_ingests_queues_one_dispatch_task_while_none_is_picked_up(transactional_db):
     for _ in range(300):
         queue()
     poll(lambda: len(queued_dispatch_tasks()) >= 1, timeout=5, message="no dispatch task was queued")
-    time.sleep(tasks.TRIGGER_DEBOUNCE * 4)  # let the trigger thread act on the last requests
+    time.sleep(trigger.TRIGGER_DEBOUNCE * 4)  # let the trigger thread act on the last requests
     assert len(queued_dispatch_tasks()) == 1
 
 
 def test_a_new_task_is_queued_once_the_waiting_one_was_picked_up(db):
-    assert tasks.dispatch_enqueue() is True
-    assert tasks.dispatch_enqueue() is False  # one is waiting: coalesced
-    OrmQ.objects.update(lock=timezone.now() + timezone.timedelta(seconds=60))  # a worker took it
-    assert tasks.dispatch_enqueue() is True
+    assert trigger.dispatch_enqueue() is True
+    assert trigger.dispatch_enqueue() is False  # one is waiting: coalesced
+    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=60))  # a worker took it
+    assert trigger.dispatch_enqueue() is True
     assert len(queued_dispatch_tasks()) == 2
 
 
 def test_a_waiting_purge_task_does_not_swallow_a_dispatch_request(db):
     from django_q.tasks import async_task
 
-    async_task(tasks.PURGE_TASK)
-    assert tasks.dispatch_enqueue() is True
+    async_task(schedules.PURGE_TASK)
+    assert trigger.dispatch_enqueue() is True
+
+
+def test_the_task_paths_queued_and_scheduled_name_the_worker_tasks():
+    # Brokers and schedules in existing databases keep these dotted paths: they must not move.
+    assert trigger.DISPATCH_TASK == "notifications.tasks.dispatch_task"
+    assert schedules.PURGE_TASK == "notifications.tasks.purge_task"
+    assert import_string(trigger.DISPATCH_TASK) is tasks.dispatch_task
+    assert import_string(schedules.PURGE_TASK) is tasks.purge_task
+
+
+def test_web_processes_do_not_import_the_worker():
+    """Loading every URL, view and admin page (what gunicorn serves) imports neither the
+    dispatcher nor the tasks."""
+    code = (
+        "import sys, django; django.setup(); "
+        "from django.urls import get_resolver; get_resolver().url_patterns; "
+        "import notifications.api, notifications.admin, notifications.ingest; "
+        "print(sorted(m for m in ('notifications.dispatch', 'notifications.tasks') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=ROOT, env=child_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_tasks_are_time_boxed_below_the_task_timeout_and_the_broker_lease():
@@ -78,14 +106,15 @@ def test_dispatch_task_delivers_and_queues_a_follow_up_when_time_runs_out(smtp_s
 
 
 def test_setup_schedules_is_idempotent(db, capsys):
+    Schedule.objects.all().delete()  # migrate created them; start as a database without them
     call_command("setup_schedules")
     assert capsys.readouterr().out.count(": created") == 2
     call_command("setup_schedules")
     assert capsys.readouterr().out.count(": unchanged") == 2
     sweep = Schedule.objects.get(name="outbox: dispatch sweep")
-    assert (sweep.func, sweep.schedule_type, sweep.minutes, sweep.repeats) == (tasks.DISPATCH_TASK, "I", 1, -1)
+    assert (sweep.func, sweep.schedule_type, sweep.minutes, sweep.repeats) == (trigger.DISPATCH_TASK, "I", 1, -1)
     purge = Schedule.objects.get(name="outbox: retention purge")
-    assert (purge.func, purge.schedule_type) == (tasks.PURGE_TASK, Schedule.DAILY)
+    assert (purge.func, purge.schedule_type) == (schedules.PURGE_TASK, Schedule.DAILY)
     Schedule.objects.filter(pk=sweep.pk).update(minutes=5)
     call_command("setup_schedules")
     assert "dispatch sweep (notifications.tasks.dispatch_task): updated" in capsys.readouterr().out
@@ -93,12 +122,13 @@ def test_setup_schedules_is_idempotent(db, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.dispatch_trigger
 def test_an_ingested_notification_is_delivered_by_the_worker_within_seconds(transactional_db, smtp_server, api):
     configure_smtp(smtp_server)
     make_operators()
     worker = manage("qcluster")
     try:
-        from tests.conftest import make_payload
+        from tests.support.payloads import make_payload
 
         payload = make_payload()
         started = time.monotonic()
@@ -109,8 +139,11 @@ def test_an_ingested_notification_is_delivered_by_the_worker_within_seconds(tran
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=30)
     assert smtp_server.count_by_notification_id() == {payload["notification_id"]: 1}
-    poll(lambda: Notification.objects.get(pk=payload["notification_id"]).status == Status.DELIVERED, timeout=10,
-         message="the row was not marked Delivered")  # fmt: skip
+    poll(
+        lambda: Notification.objects.get(pk=payload["notification_id"]).status == Status.DELIVERED,
+        timeout=10,
+        message="the row was not marked Delivered",
+    )
     print(f"ingest → SMTP server through qcluster: {elapsed:.2f} s")
 
 
@@ -136,7 +169,7 @@ def test_dispatch_loop_stops_on_sigterm_finishing_the_attempts_in_flight(transac
     worker = manage("dispatch", "--concurrency", "2", "--batch-size", "20")
     poll(lambda: smtp_server.connections >= 2, timeout=20, message="the dispatcher never connected")
     worker.send_signal(signal.SIGTERM)
-    out, err = worker.communicate(timeout=20)
+    _out, err = worker.communicate(timeout=20)
     assert worker.returncode == 0, err
     assert "stopping: finishing deliveries in flight" in err
     delivered = Notification.objects.filter(status=Status.DELIVERED).count()
@@ -151,9 +184,14 @@ def test_smtp_catcher_saves_every_message_under_the_maildir(tmp_path):
     port = closed_port()
     catcher = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "smtp_catcher", "--port", str(port), "--maildir", str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     try:
+        assert catcher.stdout is not None
         assert "listening" in catcher.stdout.readline()
         message = EmailMessage()
         message["From"], message["To"], message["Subject"] = "a@example.com", "b@example.com", "Hello"

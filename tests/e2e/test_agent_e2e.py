@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from chaos.proxy import TcpProxy
 from notifications.models import EmailRecipient, Notification, NotificationList
 from sites.agent import SiteOutbox
 from sites.models import Site
@@ -15,6 +14,7 @@ from sites.services import site_key_issue
 from tests.dispatch.conftest import configure_smtp
 from tests.support.db import database_url
 from tests.support.processes import ROOT, Central, child_env, manage, poll, stop
+from tests.support.proxy import TcpProxy
 from tests.support.smtp import SmtpServer
 
 pytestmark = pytest.mark.slow
@@ -44,8 +44,12 @@ def agent(tmp_path, url, key, **options):
 
 
 def drain(outbox, *, timeout=60):
-    poll(lambda: outbox.forward_once() is not None and outbox.stats()["buffered"] == 0, timeout=timeout,
-         interval=0.1, message=f"the site buffer did not drain: {outbox.stats()}")  # fmt: skip
+    poll(
+        lambda: outbox.forward_once() is not None and outbox.stats()["buffered"] == 0,
+        timeout=timeout,
+        interval=0.1,
+        message=f"the site buffer did not drain: {outbox.stats()}",
+    )
 
 
 def all_delivered(ids):
@@ -64,7 +68,7 @@ def test_500_sent_while_central_is_down_are_all_delivered_once_it_starts(world, 
         drain(outbox)
         poll(lambda: all_delivered(ids), timeout=60, message="not every notification was delivered")
     assert outbox.stats() == {**outbox.stats(), "buffered": 0, "parked": 0}
-    assert world["smtp"].count_by_notification_id() == {notification_id: 1 for notification_id in ids}
+    assert world["smtp"].count_by_notification_id() == dict.fromkeys(ids, 1)
 
 
 def test_central_answering_503_for_a_while_then_recovering_loses_nothing(world, tmp_path, settings):
@@ -85,29 +89,35 @@ def test_central_answering_503_for_a_while_then_recovering_loses_nothing(world, 
     finally:
         proxy.close()
     poll(lambda: all_delivered(ids), timeout=60, message="not every notification was delivered")
-    assert world["smtp"].count_by_notification_id() == {notification_id: 1 for notification_id in ids}
+    assert world["smtp"].count_by_notification_id() == dict.fromkeys(ids, 1)
 
 
 def test_a_forwarder_killed_mid_backlog_and_restarted_loses_nothing(world, tmp_path):
     with Central() as central:
         outbox = agent(tmp_path, central.url, world["key"])
         ids = [outbox.notify("Operators").send(f"Tank {n} high", "Level alarm") for n in range(3000)]
-        env = child_env(OUTBOX_AGENT_DB=tmp_path / "buffer.sqlite3", OUTBOX_CENTRAL_URL=central.url,
-                        OUTBOX_SITE_KEY=world["key"])  # fmt: skip
+        env = child_env(
+            OUTBOX_AGENT_DB=tmp_path / "buffer.sqlite3", OUTBOX_CENTRAL_URL=central.url, OUTBOX_SITE_KEY=world["key"]
+        )
         command = [sys.executable, "-m", "sites.agent", "forward", "--batch-size", "100"]
         forwarder = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        poll(lambda: Notification.objects.filter(pk__in=ids[:3000]).count() >= 300, timeout=60,
-             message="the forwarder did not start forwarding")  # fmt: skip
+        poll(
+            lambda: Notification.objects.filter(pk__in=ids[:3000]).count() >= 300,
+            timeout=60,
+            message="the forwarder did not start forwarding",
+        )
         forwarder.send_signal(signal.SIGKILL)
         forwarder.wait()
         assert outbox.stats()["buffered"] > 0  # killed mid-backlog
 
-        restarted = subprocess.run([*command[:-2], "--once"], env=env, cwd=ROOT, capture_output=True, timeout=120)
+        restarted = subprocess.run(
+            [*command[:-2], "--once"], env=env, cwd=ROOT, capture_output=True, timeout=120, check=False
+        )
         assert restarted.returncode == 0, restarted.stderr
         assert outbox.stats()["buffered"] == 0 and outbox.stats()["parked"] == 0
     assert Notification.objects.filter(pk__in=ids).count() == 3000
     poll(lambda: all_delivered(ids), timeout=90, message="not every notification was delivered")
-    assert world["smtp"].count_by_notification_id() == {notification_id: 1 for notification_id in ids}
+    assert world["smtp"].count_by_notification_id() == dict.fromkeys(ids, 1)
 
 
 def test_status_goes_from_forwarding_at_the_site_to_central_pending_then_delivered(world, tmp_path):
@@ -117,7 +127,11 @@ def test_status_goes_from_forwarding_at_the_site_to_central_pending_then_deliver
         assert outbox.status(notification_id)["status"] == "Forwarding"
         outbox.forward_once()
         assert outbox.status(notification_id)["status"] in ("Pending", "Delivered")
-        poll(lambda: outbox.status(notification_id)["status"] == "Delivered", timeout=30, interval=0.1,
-             message="the status never became Delivered")  # fmt: skip
+        poll(
+            lambda: outbox.status(notification_id)["status"] == "Delivered",
+            timeout=30,
+            interval=0.1,
+            message="the status never became Delivered",
+        )
         record = outbox.status(notification_id)
         assert record["delivered_at"] and record["retry_count"] == 0

@@ -3,13 +3,14 @@
 import io
 
 import pytest
-from django.core.management import CommandError, call_command
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 
+from notifications.checks import check_secrets_decryptable
 from notifications.models import SmtpConfiguration
-from notifications.secrets import SecretDecryptionError, check_secrets_decryptable
+from notifications.secrets import SecretDecryptionError
 
 
 def stored_password():
@@ -27,25 +28,25 @@ def test_password_is_stored_encrypted_and_read_back_as_plaintext(smtp_config):
     raw = stored_password()
     assert raw.startswith("fernet:")
     assert "hunter2" not in raw
-    assert SmtpConfiguration.current().password == "hunter2"
+    assert SmtpConfiguration.objects.get().password == "hunter2"
 
 
 def test_empty_password_stays_empty(db):
     SmtpConfiguration.objects.create(host="h", from_address="o@example.com", password="")
     assert stored_password() == ""
-    assert SmtpConfiguration.current().password == ""
+    assert SmtpConfiguration.objects.get().password == ""
 
 
 def test_rotation_re_encrypts_under_the_new_key_and_the_old_key_can_then_go(smtp_config):
     before = stored_password()
     with override_settings(OUTBOX_SECRET_KEYS=["new-key", settings.SECRET_KEY]):
-        assert SmtpConfiguration.current().password == "hunter2"  # old key still decrypts
+        assert SmtpConfiguration.objects.get().password == "hunter2"  # old key still decrypts
         out = io.StringIO()
         call_command("rotate_secrets", stdout=out)
         assert "Re-encrypted 1" in out.getvalue()
         assert stored_password() != before
     with override_settings(OUTBOX_SECRET_KEYS=["new-key"]):
-        assert SmtpConfiguration.current().password == "hunter2"
+        assert SmtpConfiguration.objects.get().password == "hunter2"
 
 
 def test_a_wrong_key_is_a_clear_error_and_a_failing_system_check(smtp_config):

@@ -7,11 +7,20 @@
         smtp.behave("hang", hang_seconds=30)         # never answers DATA
         smtp.behave("drop")                          # closes the connection at DATA
         smtp.behave("accept", delay_seconds=0.05)    # accepts, slowly
+        smtp.poison_marker = "POISON"                # accepts those with a NUL in the 250 reply
+        smtp.behave("drop", only_for={"b@x.org"})    # 4xx/5xx/hang/drop only for messages to those
+        smtp.behave("4xx", reply="421 4.7.0 slow down")  # this reply at DATA (also "5xx")
+        smtp.behave("mail", reply="553 5.7.1 sender refused")  # this reply at MAIL FROM
+        smtp.behave("throttle", limit=5, window_seconds=1)  # 421 4.7.0 at DATA above 5 a second
+        smtp.behave("fail_first")                    # 451 at DATA for each message's first try
         smtp.wait_for(3)                             # three messages received (or fails)
         smtp.count_by_notification_id()             # Counter of X-Notification-Id values
+        smtp.accepted_times                          # monotonic time of every accepted message
 
 Options: ``security="starttls"`` or ``"tls"`` (a self-signed certificate for 127.0.0.1 whose
-file is ``smtp.ca_file``: point SSL_CERT_FILE at it), ``auth=("user", "password")``.
+file is ``smtp.ca_file``: point SSL_CERT_FILE at it), ``auth=("user", "password")`` (a failed
+login is answered ``smtp.auth_failure_reply``, 535 by default). ``replying_port(greeting)``
+is a port whose server greets with a refusal (421 or 554) and says nothing else.
 
 Also runnable as a sink for benchmarks, counting messages by X-Notification-Id:
 ``python -m tests.support.smtp --port 2526 --ids-file ids.txt`` (ids written on SIGTERM).
@@ -31,51 +40,61 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from email import message_from_bytes
+from email.message import EmailMessage
 from email.policy import default as default_policy
 from pathlib import Path
+from typing import Any, Self
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
-MODES = ("accept", "4xx", "5xx", "refuse", "hang", "drop")
+from tests.support.processes import free_port
+
+MODES = ("accept", "4xx", "5xx", "refuse", "hang", "drop", "mail", "throttle", "fail_first")
+THROTTLE_REPLY = "421 4.7.0 Too many messages, slow down"
 ID_HEADER = re.compile(rb"^X-Notification-Id:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 
 
 @dataclass
 class Received:
     mail_from: str
-    rcpt_tos: list
+    rcpt_tos: list[str]
     content: bytes
     notification_id: str | None
 
     @property
-    def message(self):
+    def message(self) -> EmailMessage:
         return message_from_bytes(self.content, policy=default_policy)
 
 
 class _Handler:
-    def __init__(self, server):
+    def __init__(self, server: "SmtpServer") -> None:
         self.server = server
 
-    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+    async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str, mail_options: list[str]) -> str:
         with self.server._lock:
             self.server.sessions.add(id(session))
+        if self.server.mode == "mail":
+            return self.server.mail_reply
         envelope.mail_from = address
         return "250 OK"
 
-    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: list[str]) -> str:
         owner = self.server
         if owner.mode == "refuse" and address.lower() in owner.refuse:
             return f"{owner.refuse_code} mailbox unavailable"
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
-    async def handle_DATA(self, server, session, envelope):
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         owner = self.server
         mode = owner.mode
+        if owner.only_for and not owner.only_for & {address.lower() for address in envelope.rcpt_tos}:
+            mode = "accept"
         if mode == "4xx":
             return owner.code_4xx
         if mode == "5xx":
@@ -88,42 +107,103 @@ class _Handler:
             await asyncio.sleep(3600)  # cancelled when aiosmtpd notices the lost connection
         if owner.delay_seconds:
             await asyncio.sleep(owner.delay_seconds)
+        if mode == "fail_first":
+            notification_id = owner.notification_id_of(envelope)
+            with owner._lock:
+                first = owner.deferred[notification_id] == 0
+                if first:
+                    owner.deferred[notification_id] += 1
+            if first:
+                return owner.code_4xx
+        # Checked and recorded in one step of the event loop: concurrent sessions cannot both
+        # squeeze under the limit.
+        if mode == "throttle" and owner.accepted_within(owner.throttle_window) >= owner.throttle_limit:
+            with owner._lock:
+                owner.throttled += 1
+            return THROTTLE_REPLY
         owner._record(envelope)
+        content = envelope.original_content or envelope.content or b""
+        if owner.poison_marker and owner.poison_marker.encode() in content:
+            return owner.poison_reply
         return "250 OK queued"
 
 
 class SmtpServer:
     """A controllable aiosmtpd server on 127.0.0.1 (a free port unless given)."""
 
-    def __init__(self, *, port=0, security="none", auth=None, keep_content=True):
+    def __init__(
+        self, *, port: int = 0, security: str = "none", auth: tuple[str, str] | None = None, keep_content: bool = True
+    ) -> None:
         self.host = "127.0.0.1"
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.security = security
         self.auth = auth
         self.keep_content = keep_content
         self.mode = "accept"
-        self.refuse = set()
+        self.refuse: set[str] = set()
+        self.only_for: set[str] = set()
         self.refuse_code = 550
         self.code_4xx = "451 4.3.0 try again later"
         self.code_5xx = "554 5.7.1 message rejected"
         self.hang_seconds = 30.0
         self.delay_seconds = 0.0
-        self.received = []
-        self.ids = collections.Counter()
-        self.sessions = set()
+        # A message whose content holds poison_marker is accepted with poison_reply (a 250 whose
+        # text a database cannot store as it is).
+        self.poison_marker: str | None = None
+        self.poison_reply = "250 2.0.0 queued as \x00ABC"
+        self.mail_reply = "553 5.7.1 sender not allowed"
+        self.throttle_limit = 0
+        self.throttle_window = 1.0
+        self.throttled = 0  # messages refused by the throttle
+        self.auth_failure_reply: str | None = None  # None: aiosmtpd's 535
+        self.accepted_times: list[float] = []
+        self.deferred: collections.Counter[str | None] = collections.Counter()  # by mode fail_first
+        self.received: list[Received] = []
+        self.ids: collections.Counter[str | None] = collections.Counter()
+        self.sessions: set[int] = set()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
-        self.ca_file = None
-        self._tmp = None
-        self._controller = None
+        self.ca_file: str | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._controller: Controller | None = None
 
     # --- behaviour ------------------------------------------------------------------------
 
-    def behave(self, mode, *, refuse=(), refuse_code=550, hang_seconds=None, delay_seconds=0.0):
-        """Set what the server does next; ``delay_seconds`` slows every accepted DATA."""
+    def behave(
+        self,
+        mode: str,
+        *,
+        refuse: Iterable[str] = (),
+        refuse_code: int = 550,
+        hang_seconds: float | None = None,
+        delay_seconds: float = 0.0,
+        only_for: Iterable[str] = (),
+        reply: str | None = None,
+        limit: int = 0,
+        window_seconds: float = 1.0,
+    ) -> Self:
+        """Set what the server does next; ``delay_seconds`` slows every accepted DATA.
+        ``only_for``: the mode's DATA behaviour applies only to messages with one of these
+        envelope recipients; other messages are accepted. ``reply``: the answer of modes "4xx",
+        "5xx" (at DATA) and "mail" (at MAIL FROM); ``limit`` and ``window_seconds``: the rate of
+        mode "throttle"."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
+        if reply is not None:
+            if mode == "4xx":
+                self.code_4xx = reply
+            elif mode == "5xx":
+                self.code_5xx = reply
+            elif mode == "mail":
+                self.mail_reply = reply
+            else:
+                raise ValueError("reply applies to modes 4xx, 5xx and mail")
+        if mode == "throttle":
+            if limit < 1:
+                raise ValueError("mode throttle needs a limit of at least 1")
+            self.throttle_limit, self.throttle_window = limit, window_seconds
         self.mode = mode
+        self.only_for = {address.lower() for address in only_for}
         self.refuse = {address.lower() for address in refuse}
         self.refuse_code = refuse_code
         self.delay_seconds = delay_seconds
@@ -131,13 +211,20 @@ class SmtpServer:
             self.hang_seconds = hang_seconds
         return self
 
-    def _record(self, envelope):
+    @staticmethod
+    def notification_id_of(envelope: Any) -> str | None:
+        """The message's X-Notification-Id (None without one)."""
         content = envelope.original_content or envelope.content
         header_end = content.find(b"\r\n\r\n")
         match = ID_HEADER.search(content, 0, header_end if header_end >= 0 else len(content))
-        notification_id = match.group(1).decode() if match else None
+        return match.group(1).decode() if match else None
+
+    def _record(self, envelope: Any) -> None:
+        content = envelope.original_content or envelope.content
+        notification_id = self.notification_id_of(envelope)
         with self._arrived:
             self.ids[notification_id] += 1
+            self.accepted_times.append(time.monotonic())
             if self.keep_content:
                 self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), content, notification_id))
             self._arrived.notify_all()
@@ -145,21 +232,38 @@ class SmtpServer:
     # --- what was received ----------------------------------------------------------------
 
     @property
-    def count(self):
+    def count(self) -> int:
         with self._lock:
             return sum(self.ids.values())
 
     @property
-    def connections(self):
+    def connections(self) -> int:
         """Distinct SMTP sessions that sent at least one MAIL FROM."""
         with self._lock:
             return len(self.sessions)
 
-    def count_by_notification_id(self):
+    def accepted_within(self, seconds: float) -> int:
+        """Messages accepted in the last ``seconds``."""
+        since = time.monotonic() - seconds
+        with self._lock:
+            return sum(1 for moment in self.accepted_times if moment >= since)
+
+    def most_accepted_in_any(self, seconds: float) -> int:
+        """The most messages accepted within any window of ``seconds`` so far."""
+        with self._lock:
+            times = sorted(self.accepted_times)
+        most, start = 0, 0
+        for end, moment in enumerate(times):
+            while moment - times[start] >= seconds:
+                start += 1
+            most = max(most, end - start + 1)
+        return most
+
+    def count_by_notification_id(self) -> collections.Counter[str | None]:
         with self._lock:
             return collections.Counter(self.ids)
 
-    def wait_for(self, count, timeout=10.0):
+    def wait_for(self, count: int, timeout: float = 10.0) -> None:
         """Block until ``count`` messages have arrived; AssertionError after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         with self._arrived:
@@ -169,17 +273,21 @@ class SmtpServer:
                     raise AssertionError(f"expected {count} messages, got {sum(self.ids.values())}")
                 self._arrived.wait(remaining)
 
-    def reset(self):
+    def reset(self) -> None:
         with self._lock:
             self.received.clear()
             self.ids.clear()
             self.sessions.clear()
+            self.accepted_times.clear()
+            self.deferred.clear()
+            self.throttled = 0
 
     # --- life cycle -----------------------------------------------------------------------
 
-    def start(self):
-        logging.getLogger("mail.log").setLevel(logging.WARNING)  # aiosmtpd logs every command
-        kwargs = {}
+    def start(self) -> Self:
+        # aiosmtpd logs every command, and a deprecation warning of its own at every login.
+        logging.getLogger("mail.log").setLevel(logging.ERROR)
+        kwargs: dict[str, Any] = {}
         if self.security in ("starttls", "tls"):
             context = self._tls_context()
             if self.security == "tls":
@@ -188,24 +296,24 @@ class SmtpServer:
                 kwargs["tls_context"] = context
         if self.auth:
             user, password = self.auth
-            kwargs.update(auth_require_tls=False, authenticator=_Authenticator(user, password))
-        self._controller = Controller(_Handler(self), hostname=self.host, port=self.port, ready_timeout=10,
-                                      **kwargs)  # fmt: skip
-        self._controller.start()
+            kwargs.update(auth_require_tls=False, authenticator=_Authenticator(self, user, password))
+        controller = Controller(_Handler(self), hostname=self.host, port=self.port, ready_timeout=10, **kwargs)
+        controller.start()
+        self._controller = controller
         return self
 
-    def stop(self):
+    def stop(self) -> None:
         if self._controller is not None:
             self._controller.stop()
             self._controller = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _tls_context(self):
+    def _tls_context(self) -> ssl.SSLContext:
         cert, key = _self_signed_certificate()
         self._tmp = tempfile.TemporaryDirectory(prefix="smtp-tls-")
         cert_file, key_file = Path(self._tmp.name) / "cert.pem", Path(self._tmp.name) / "key.pem"
@@ -218,19 +326,20 @@ class SmtpServer:
 
 
 class _Authenticator:
-    def __init__(self, user, password):
+    def __init__(self, owner: SmtpServer, user: str, password: str) -> None:
+        self.owner = owner
         self.user, self.password = user.encode(), password.encode()
 
-    def __call__(self, server, session, envelope, mechanism, auth_data):
+    def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: object) -> AuthResult:
         ok = isinstance(auth_data, LoginPassword) and (auth_data.login, auth_data.password) == (
             self.user,
             self.password,
         )
-        return AuthResult(success=ok, handled=False)
+        return AuthResult(success=ok, handled=False, message=None if ok else self.owner.auth_failure_reply)
 
 
 @contextmanager
-def silent_port():
+def silent_port() -> Iterator[int]:
     """A port that accepts TCP connections but never says a word (an SMTP server that hangs
     before its greeting). Yields the port number."""
     with socket.socket() as listener:
@@ -239,18 +348,49 @@ def silent_port():
         yield listener.getsockname()[1]
 
 
-def closed_port():
+@contextmanager
+def replying_port(greeting: str) -> Iterator[int]:
+    """A port whose server greets every connection with ``greeting`` (e.g. "554 5.7.1 no
+    service for you") and then only listens until the client goes. Yields the port number."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.1)  # so that the serving thread notices the end
+    stopping = threading.Event()
+
+    def serve() -> None:
+        while not stopping.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.sendall(greeting.encode() + b"\r\n")
+                    conn.settimeout(5)
+                    while conn.recv(1024):
+                        pass
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stopping.set()
+        thread.join(timeout=10)
+        listener.close()
+
+
+def closed_port() -> int:
     """A port nothing listens on (connection refused)."""
-    return _free_port()
+    return free_port()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _self_signed_certificate():
+def _self_signed_certificate() -> tuple[bytes, bytes]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -258,7 +398,7 @@ def _self_signed_certificate():
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -267,32 +407,33 @@ def _self_signed_certificate():
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                    x509.DNSName("localhost")]), critical=False)  # fmt: skip
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     return (
         cert.public_bytes(serialization.Encoding.PEM),
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                          serialization.NoEncryption()),  # fmt: skip
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     """Run an accepting sink until SIGTERM/SIGINT; then write every received X-Notification-Id
     (one line per message) to --ids-file."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ids-file", required=True)
     args = parser.parse_args(argv)
+    # Blocked before the server's thread starts (threads inherit the mask), taken with sigwait:
+    # no handler runs, so nothing interrupts a wait half-way.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     server = SmtpServer(port=args.port, keep_content=False).start()
-    stopped = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        # Set from another thread: Event.set() inside a handler can deadlock with wait().
-        signal.signal(signum, lambda *_: threading.Thread(target=stopped.set, daemon=True).start())
     print("ready", flush=True)
-    stopped.wait()
+    signal.sigwait(stop_signals)
     server.stop()
     with open(args.ids_file, "w") as out:
         for notification_id, count in server.count_by_notification_id().items():

@@ -3,23 +3,24 @@ as an .eml file. For development and the `make run` demo only: it accepts anythi
 
 import re
 import signal
-import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiosmtpd.controller import Controller
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 ID_HEADER = re.compile(rb"^X-Notification-Id:\s*([0-9a-fA-F-]{36})\s*$", re.IGNORECASE | re.MULTILINE)
 
 
 class MaildirHandler:
-    def __init__(self, maildir, report):
+    def __init__(self, maildir: Path, report: Callable[[str], object]) -> None:
         self.maildir = maildir
         self.report = report
 
-    async def handle_DATA(self, server, session, envelope):
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         content = envelope.original_content or envelope.content
         match = ID_HEADER.search(content)
         name = match.group(1).decode() if match else uuid.uuid4().hex
@@ -35,21 +36,21 @@ class MaildirHandler:
 class Command(BaseCommand):
     help = "Run a local SMTP server that saves every received message under --maildir."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=2525)
         parser.add_argument("--maildir", default="var/mail")
 
-    def handle(self, *args, host, port, maildir, **options):
+    def handle(self, *args: Any, host: str, port: int, maildir: str, **options: Any) -> None:
         directory = Path(maildir)
         directory.mkdir(parents=True, exist_ok=True)
+        # SIGTERM/SIGINT are blocked before the server's thread starts (threads inherit the mask)
+        # and taken here with sigwait: no handler runs, so nothing interrupts a wait half-way.
+        stop_signals = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         controller = Controller(MaildirHandler(directory, self.stdout.write), hostname=host, port=port)
         controller.start()
         self.stdout.write(f"SMTP catcher listening on {host}:{port}; saving messages in {directory}/")
-        stopped = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            # Set from another thread: Event.set() inside a handler can deadlock with a wait().
-            signal.signal(signum, lambda *_: threading.Thread(target=stopped.set, daemon=True).start())
-        stopped.wait()
+        signal.sigwait(stop_signals)
         controller.stop()
         self.stdout.write("SMTP catcher stopped")

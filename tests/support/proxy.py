@@ -1,12 +1,13 @@
 """A TCP proxy on loopback whose link can be cut (every connection reset, new ones refused)
 and restored: the site agent's link to central, failing as a WAN does."""
 
+import contextlib
 import socket
 import threading
 
 
 class TcpProxy:
-    def __init__(self, target_port, target_host="127.0.0.1"):
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -17,11 +18,11 @@ class TcpProxy:
         self.up = threading.Event()
         self.up.set()
         self.closed = False
-        self.connections = set()
+        self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def _accept(self):
+    def _accept(self) -> None:
         while not self.closed:
             try:
                 client, _ = self.listener.accept()
@@ -40,7 +41,7 @@ class TcpProxy:
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
-    def _pump(self, source, sink):
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while True:
                 data = source.recv(65536)
@@ -51,16 +52,14 @@ class TcpProxy:
             pass
         finally:
             for sock in (source, sink):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 sock.close()
             with self.lock:
                 self.connections.discard(source)
                 self.connections.discard(sink)
 
-    def cut(self):
+    def cut(self) -> None:
         """Reset every open connection and refuse new ones until restore()."""
         self.up.clear()
         with self.lock:
@@ -72,10 +71,10 @@ class TcpProxy:
             except OSError:
                 pass
 
-    def restore(self):
+    def restore(self) -> None:
         self.up.set()
 
-    def close(self):
+    def close(self) -> None:
         self.closed = True
         self.cut()
         self.listener.close()

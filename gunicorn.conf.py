@@ -1,0 +1,39 @@
+"""The web server's configuration. gunicorn reads this file from the directory it starts in
+(the project root), so ``gunicorn`` with no arguments serves Outbox as production should;
+command-line options (``--bind``, ``--workers``) override what is set here.
+
+Worker class: gunicorn's own asyncio ASGI worker, running Django's ASGI application. It parses
+HTTP on an event loop and hands a request to Django only once its headers and its whole body
+have arrived, so clients that send slowly (by accident or on purpose) cost a few kilobytes each,
+not a worker or a thread: ``/healthz`` and real clients keep being served. The synchronous
+workers (``sync``, ``gthread``) read each request in a worker thread, and a handful of
+dribbling clients take the server down. See README, "Production".
+"""
+
+import os
+
+wsgi_app = "outbox_project.asgi:application"
+worker_class = "asgi"
+# Django's ASGI handler implements no lifespan protocol; do not probe for it at every start.
+asgi_lifespan = "off"
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+bind = [os.environ.get("OUTBOX_BIND", "127.0.0.1:8000")]
+# A request's headers and body must arrive within this many seconds (the ASGI worker bounds
+# its wait for body data by it), and a worker that stops answering its master is replaced.
+timeout = 30
+graceful_timeout = 20
+keepalive = 5
+# Open connections per worker, slow ones included; beyond it new connections wait in the
+# listen backlog.
+worker_connections = 1000
+
+# Django runs each ASGI request in a thread of its own, so per-thread persistent database
+# connections would be opened and dropped per request; a connection pool per worker process
+# is used instead (PostgreSQL; see outbox_project/settings.py).
+os.environ.setdefault("OUTBOX_DATABASE_POOL", "true")
+
+# gunicorn's runtime control socket (one path per user, shared by every instance) is not used.
+control_socket_disable = True
+
+# The access log never shows secrets a client put in a query string (an API key, say).
+logger_class = "outbox_project.weblog.RedactingLogger"

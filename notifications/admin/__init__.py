@@ -1,0 +1,15 @@
+"""The operations console (Django admin), one module per concern:
+
+* ``outbox`` — the Notification Outbox page, a notification's detail, Retry and Discard;
+* ``filters`` — the outbox page's list filters and subject search;
+* ``lists`` — notification lists and their email recipients;
+* ``smtp`` — the SMTP configuration and its "Send test email";
+* ``worker`` — django-q2's schedules, limited to the outbox's own tasks.
+* ``policies`` — delivery policies and channel health (the circuit breakers).
+
+Importing the package registers every model admin (Django's autodiscovery imports it).
+"""
+
+from notifications.admin import lists, outbox, policies, smtp, worker
+
+__all__ = ["lists", "outbox", "policies", "smtp", "worker"]

@@ -1,0 +1,30 @@
+"""Helpers the console's pages share."""
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.http import HttpRequest, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+
+def json_block(value: Any) -> SafeString:
+    """``value`` as indented JSON in a <pre> block."""
+    return format_html(
+        '<pre class="outbox-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    )
+
+
+def missing_object_redirect(
+    model_admin: admin.ModelAdmin, request: HttpRequest, object_id: str
+) -> HttpResponseRedirect:
+    """What Django's own admin views do for an object that does not exist (any more): a warning,
+    and back to the console's index."""
+    name = model_admin.opts.verbose_name
+    model_admin.message_user(
+        request, f"{name} with ID “{unquote(object_id)}” doesn’t exist. Perhaps it was deleted?", messages.WARNING
+    )
+    return HttpResponseRedirect(reverse("admin:index", current_app=model_admin.admin_site.name))

@@ -1,0 +1,576 @@
+"""The Notification Outbox page: the list, a notification's detail, and the operator actions
+Retry, Retry now, Discard (with a reason) and Requeue (which go through notifications.operations).
+
+Notification rows are read-only here for everyone. The page is built for tables of millions of
+rows: no full COUNT(*) (see OutboxPaginator), no date drill-down, no facet counts, no per-row
+queries, and the KPI tiles are one aggregate query (notifications.kpis).
+"""
+
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import flatten_fieldsets, unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from notifications import db
+from notifications.admin.common import json_block, missing_object_redirect
+from notifications.admin.filters import (
+    CreatedRangeFilter,
+    ListNameFilter,
+    SourceSiteFilter,
+    StatusFilter,
+    StuckFilter,
+    TypeFilter,
+    stuck_before,
+    subject_search,
+)
+from notifications.email_preview import EmailPreview, email_preview_build, type_data_shorten
+from notifications.kpis import kpis_compute
+from notifications.models import DeliveryAttempt, Notification
+from notifications.operations import (
+    DISCARDABLE,
+    ActionResult,
+    notification_discard,
+    notification_requeue,
+    notification_retry,
+    notification_retry_now,
+)
+from sites.models import Site
+
+Status = Notification.Status
+
+# One action never loads more ids than this; "select all" across millions of rows must be
+# narrowed with filters first.
+ACTION_MAX_ROWS = 10_000
+
+
+class OutboxPaginator(Paginator):
+    """Counts exactly up to ``exact_limit`` matching rows; beyond that uses the database's
+    planner estimate where it has one (PostgreSQL), so a page never scans the whole table just
+    to number its pages.
+
+    ``is_estimate`` says whether ``count`` is an estimate (the template marks it with "≈").
+    """
+
+    exact_limit = 10_000
+
+    is_estimate = False
+
+    @cached_property
+    def count(self) -> int:
+        rows = cast(QuerySet[Any], self.object_list).order_by().values("pk")
+        capped = rows[: self.exact_limit + 1].count()
+        if capped <= self.exact_limit:
+            return capped
+        estimate = db.planner_row_estimate(rows)
+        if estimate is None:
+            return rows.count()  # SQLite is the small embedded database: exact is affordable
+        self.is_estimate = True
+        return max(capped, estimate)
+
+
+class OutboxChangeList(ChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        # The list never shows the large columns; do not read them for a page of 100 rows.
+        return super().get_queryset(request, exclude_parameters).defer("body", "type_data", "resolved_targets")
+
+
+class DeliveryAttemptInline(admin.TabularInline):
+    model = DeliveryAttempt
+    fields = ("started_at", "duration_ms", "outcome", "failure_class", "error", "detail_display", "worker")
+    readonly_fields = fields
+    extra = 0
+    max_num = 0
+    can_delete = False
+    verbose_name_plural = "delivery attempts"
+
+    @admin.display(description="detail")
+    def detail_display(self, attempt: DeliveryAttempt) -> str:
+        return json_block(attempt.detail) if attempt.detail else "—"
+
+    # Attempts are part of the notification's audit record: whoever may view the notification
+    # sees them; nobody edits them.
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("notifications.view_notification")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# Heads the HTML preview's document: nothing inside the frame may load or run (images, fonts,
+# scripts, connections), inline styles excepted.
+PREVIEW_POLICY = (
+    "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+)
+
+STATUS_CSS: dict[str, str] = {
+    Status.PENDING: "pending",
+    Status.RETRYING: "retrying",
+    Status.DELIVERED: "delivered",
+    Status.PARKED: "parked",
+    Status.DISCARDED: "discarded",
+}
+
+
+@admin.register(Notification)
+class NotificationAdmin(admin.ModelAdmin):
+    list_display = (
+        "short_id",
+        "status_badge",
+        "stuck_badge",
+        "type",
+        "list_column",
+        "subject",
+        "site_column",
+        "created_column",
+        "retries_column",
+        "last_error_excerpt",
+    )
+    list_display_links = ("short_id",)
+    list_filter = (StatusFilter, StuckFilter, TypeFilter, SourceSiteFilter, ListNameFilter, CreatedRangeFilter)
+    search_fields = ("subject",)
+    search_help_text = "Words in the subject (all must match), or a full notification id."
+    sortable_by = ("created_column",)  # the only order with an index behind it
+    list_per_page = 100
+    list_max_show_all = 1000
+    paginator = OutboxPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    actions = ["retry_selected", "retry_now_selected", "discard_selected", "requeue_selected"]
+    inlines = [DeliveryAttemptInline]
+
+    fieldsets = (
+        (None, {"fields": ("notification_id", "status_badge", "stuck_badge", "type", "list_name", "subject", "body")}),
+        (
+            "Delivery",
+            {
+                "fields": (
+                    "retry_count",
+                    "channel_failures",
+                    "last_error",
+                    "resolved_targets_display",
+                    "type_data_display",
+                    "last_attempt_at",
+                    "next_attempt_at",
+                    "delivered_at",
+                    "expired_at",
+                    "claim_display",
+                )
+            },
+        ),
+        ("Discard", {"fields": ("discarded_at", "discarded_by", "discard_reason")}),
+        (
+            "Email as composed",
+            {
+                "fields": ("composed_headers_display", "message_parts_display", "html_preview_display"),
+                "description": (
+                    "Composed now, as delivery composes it: with the list's current recipient mode and the "
+                    "current From address. The HTML is shown sanitised, in a sandboxed frame where nothing runs."
+                ),
+            },
+        ),
+        (
+            "Provenance",
+            {
+                "fields": (
+                    "source_site_display",
+                    "source_instance_id",
+                    "source_script",
+                    "site_enqueued_at",
+                    "created_at",
+                    "fingerprint",
+                )
+            },
+        ),
+    )
+    # Every field shown is read-only: the row is the audit record.
+    readonly_fields = flatten_fieldsets(fieldsets)
+
+    class Media:
+        css = {"all": ["notifications/admin.css"]}
+
+    # Rows are an audit record: nobody adds, edits or deletes them here (docs/architecture.md).
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_retry_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("notifications.retry_notification")
+
+    def has_discard_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("notifications.discard_notification")
+
+    def has_requeue_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("notifications.requeue_notification")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return OutboxChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        return subject_search(queryset, search_term), False
+
+    # --- columns
+
+    @admin.display(description="id", ordering="notification_id")
+    def short_id(self, obj: Notification) -> str:
+        return str(obj.notification_id)[:8]
+
+    @admin.display(description="status")
+    def status_badge(self, obj: Notification) -> SafeString:
+        return format_html(
+            '<span class="outbox-badge outbox-status-{}">{}</span>', STATUS_CSS.get(obj.status, "other"), obj.status
+        )
+
+    @admin.display(description="stuck")
+    def stuck_badge(self, obj: Notification) -> str:
+        # Computed from the row itself: no query per row.
+        if obj.status in Notification.NON_TERMINAL and obj.created_at < stuck_before():
+            return format_html(
+                '<span class="outbox-badge outbox-stuck" title="{}">stuck</span>',
+                "Queued longer than the stuck-age threshold",
+            )
+        return ""
+
+    @admin.display(description="list")
+    def list_column(self, obj: Notification) -> str:
+        return obj.list_name
+
+    @admin.display(description="site")
+    def site_column(self, obj: Notification) -> str:
+        return obj.source_site_id
+
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created_column(self, obj: Notification) -> SafeString:
+        return format_html('<span class="outbox-nowrap">{}</span>', f"{obj.created_at:%Y-%m-%d %H:%M:%S}")
+
+    @admin.display(description="retries")
+    def retries_column(self, obj: Notification) -> int:
+        return obj.retry_count
+
+    @admin.display(description="last error")
+    def last_error_excerpt(self, obj: Notification) -> str:
+        text = " ".join(obj.last_error.split())
+        if len(text) <= 60:
+            return text
+        return format_html('<span title="{}">{}…</span>', text[:1000], text[:60])
+
+    # --- detail fields
+
+    @admin.display(description="resolved targets")
+    def resolved_targets_display(self, obj: Notification) -> str:
+        targets = obj.resolved_targets
+        if not targets:
+            return "— (not delivered yet; targets are resolved at delivery time)"
+        if isinstance(targets, dict):
+            targets = [
+                dict(target=key, **(value if isinstance(value, dict) else {"outcome": value}))
+                for key, value in targets.items()
+            ]
+        if not (isinstance(targets, list) and all(isinstance(t, dict) for t in targets)):
+            return json_block(obj.resolved_targets)
+        columns: list[str] = []
+        for target in targets:
+            columns.extend(key for key in target if key not in columns)
+        head = format_html_join("", "<th>{}</th>", ((c.replace("_", " "),) for c in columns))
+        rows = format_html_join(
+            "",
+            "<tr>{}</tr>",
+            ((format_html_join("", "<td>{}</td>", ((_cell(t.get(c)),) for c in columns)),) for t in targets),
+        )
+        return format_html(
+            '<table class="outbox-targets"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, rows
+        )
+
+    @admin.display(description="type data")
+    def type_data_display(self, obj: Notification) -> str:
+        return json_block(type_data_shorten(obj.type_data)) if obj.type_data else "—"
+
+    def _email_preview(self, obj: Notification) -> EmailPreview | None:
+        """The composed email of ``obj`` (built once per page), or None for other types."""
+        if obj.type != "email":
+            return None
+        if not hasattr(obj, "_outbox_email_preview"):
+            obj._outbox_email_preview = email_preview_build(notification=obj)  # type: ignore[attr-defined]
+        return cast(EmailPreview, obj._outbox_email_preview)  # type: ignore[attr-defined]
+
+    @admin.display(description="headers")
+    def composed_headers_display(self, obj: Notification) -> str:
+        preview = self._email_preview(obj)
+        if preview is None:
+            return "—"
+        if preview.problems:
+            return format_html(
+                '<ul class="errorlist">{}</ul>',
+                format_html_join(
+                    "", "<li>{}: {}</li>", ((name, " ".join(texts)) for name, texts in preview.problems.items())
+                ),
+            )
+        rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", preview.headers)
+        notes = format_html_join("", '<p class="outbox-preview-note">{}</p>', ((note,) for note in preview.notes))
+        return format_html(
+            '<table class="outbox-headers"><tbody>{}</tbody></table>{}<p class="outbox-preview-note">'
+            "Recipient mode of the list now: {}</p>",
+            rows,
+            notes,
+            preview.recipient_mode or "—",
+        )
+
+    @admin.display(description="parts")
+    def message_parts_display(self, obj: Notification) -> str:
+        preview = self._email_preview(obj)
+        if preview is None or preview.problems:
+            return "—"
+        return format_html("<ul>{}</ul>", format_html_join("", "<li>{}</li>", ((part,) for part in preview.parts)))
+
+    @admin.display(description="HTML preview")
+    def html_preview_display(self, obj: Notification) -> str:
+        preview = self._email_preview(obj)
+        if preview is None or not preview.html:
+            return "— (no HTML part)"
+        # Sanitised already; the empty sandbox also forbids scripts, forms, plugins and the
+        # page's origin, and the policy inside the frame stops it fetching anything.
+        document = PREVIEW_POLICY + preview.html
+        return format_html(
+            '<iframe class="outbox-html-preview" sandbox="" referrerpolicy="no-referrer" '
+            'title="HTML part (sanitised)" srcdoc="{}"></iframe>',
+            document,
+        )
+
+    @admin.display(description="claim")
+    def claim_display(self, obj: Notification) -> str:
+        if not obj.claimed_by:
+            return "—"
+        return (
+            f"{obj.claimed_by} until {obj.claimed_until:%Y-%m-%d %H:%M:%S} UTC" if obj.claimed_until else obj.claimed_by
+        )
+
+    @admin.display(description="source site")
+    def source_site_display(self, obj: Notification) -> str:
+        site = Site.objects.filter(site_id=obj.source_site_id).only("pk", "name").first()
+        if site is None:
+            return f"{obj.source_site_id} (no longer registered)"
+        url = reverse("admin:sites_site_change", args=[site.pk])
+        return format_html('<a href="{}">{}</a> ({})', url, obj.source_site_id, site.name)
+
+    # --- page context
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra_context = {**(extra_context or {}), "outbox_kpis": kpis_compute()}
+        return super().changelist_view(request, extra_context)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        obj = self.get_object(request, unquote(object_id))
+        status = obj.status if obj is not None else None
+        extra_context = {
+            **(extra_context or {}),
+            "can_retry": status == Status.PARKED and self.has_retry_permission(request),
+            "can_retry_now": status == Status.RETRYING and self.has_retry_permission(request),
+            "can_discard": status in DISCARDABLE and self.has_discard_permission(request),
+            "can_requeue": status == Status.DISCARDED and self.has_requeue_permission(request),
+        }
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        views = {
+            "retry": self.retry_view,
+            "retry-now": self.retry_now_view,
+            "discard": self.discard_view,
+            "requeue": self.requeue_view,
+        }
+        return [
+            *(
+                path(
+                    f"<path:object_id>/{action}/",
+                    self.admin_site.admin_view(view),
+                    name="{}_{}_{}".format(*info, action.replace("-", "_")),
+                )
+                for action, view in views.items()
+            ),
+            *super().get_urls(),
+        ]
+
+    # --- operator actions
+
+    def _report(self, request: HttpRequest, verb: str, result: ActionResult, *, not_applicable: str) -> None:
+        changed, skipped = result
+        noun = "notification" if changed == 1 else "notifications"
+        text = f"{verb} {changed} {noun}"
+        if skipped:
+            text += f"; skipped {skipped} that {'was' if skipped == 1 else 'were'} {not_applicable}"
+        self.message_user(request, text + ".", messages.SUCCESS if changed else messages.WARNING)
+
+    def _selected_ids(self, request: HttpRequest, queryset: QuerySet[Notification]) -> list[Any] | None:
+        ids = list(queryset.values_list("pk", flat=True)[: ACTION_MAX_ROWS + 1])
+        if len(ids) > ACTION_MAX_ROWS:
+            self.message_user(
+                request,
+                f"More than {ACTION_MAX_ROWS:,} notifications selected; narrow the selection with the filters "
+                "(for example status Parked) and try again.",
+                messages.ERROR,
+            )
+            return None
+        return ids
+
+    @admin.action(description="Retry selected parked notifications", permissions=["retry"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Notification]) -> None:
+        ids = self._selected_ids(request, queryset)
+        if ids is not None:
+            result = notification_retry(notification_ids=ids, user=request.user)
+            self._report(request, "Retried", result, not_applicable="not Parked")
+
+    @admin.action(description="Retry selected retrying notifications now", permissions=["retry"])
+    def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[Notification]) -> None:
+        ids = self._selected_ids(request, queryset)
+        if ids is not None:
+            result = notification_retry_now(notification_ids=ids, user=request.user)
+            self._report(request, "Retried now", result, not_applicable="not Retrying or being delivered")
+
+    @admin.action(description="Discard selected notifications…", permissions=["discard"])
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet[Notification]) -> HttpResponse | None:
+        ids = self._selected_ids(request, queryset)
+        if ids is None:
+            return None
+        return self._discard(request, ids)
+
+    @admin.action(description="Requeue selected discarded notifications", permissions=["requeue"])
+    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[Notification]) -> None:
+        ids = self._selected_ids(request, queryset)
+        if ids is not None:
+            result = notification_requeue(notification_ids=ids, user=request.user)
+            self._report(request, "Requeued", result, not_applicable="not Discarded")
+
+    def _discard(
+        self, request: HttpRequest, ids: list[Any], *, single: Notification | None = None
+    ) -> TemplateResponse | None:
+        """The confirmation page (with the required reason), or the discard once confirmed."""
+        form = DiscardForm(request.POST if request.POST.get("post") == "yes" else None)
+        if form.is_bound and form.is_valid():
+            result = notification_discard(notification_ids=ids, user=request.user, reason=form.cleaned_data["reason"])
+            self._report(
+                request, "Discarded", result, not_applicable="not Pending, Retrying or Parked, or being delivered"
+            )
+            return None
+        notifications = Notification.objects.filter(pk__in=ids).only(
+            "notification_id", "status", "subject", "created_at"
+        )
+        discardable = [n for n in notifications if n.status in DISCARDABLE]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Discard notifications?",
+            "opts": self.opts,
+            "ids": ids,
+            "discardable": discardable[:200],
+            "discardable_count": len(discardable),
+            "skipped_count": len(ids) - len(discardable),
+            "single": single,
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/notifications/notification/discard_confirmation.html", context)
+
+    def _single_action(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        *,
+        allowed: bool,
+        action: Callable[..., ActionResult],
+        verb: str,
+        not_applicable: str,
+    ) -> HttpResponseBase:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not allowed:
+            raise PermissionDenied
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            return missing_object_redirect(self, request, object_id)
+        self._report(request, verb, action(notification_ids=[obj.pk], user=request.user), not_applicable=not_applicable)
+        return HttpResponseRedirect(reverse("admin:notifications_notification_change", args=[obj.pk]))
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        return self._single_action(
+            request,
+            object_id,
+            allowed=self.has_retry_permission(request),
+            action=notification_retry,
+            verb="Retried",
+            not_applicable="not Parked",
+        )
+
+    def retry_now_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        return self._single_action(
+            request,
+            object_id,
+            allowed=self.has_retry_permission(request),
+            action=notification_retry_now,
+            verb="Retried now",
+            not_applicable="not Retrying or being delivered",
+        )
+
+    def requeue_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        return self._single_action(
+            request,
+            object_id,
+            allowed=self.has_requeue_permission(request),
+            action=notification_requeue,
+            verb="Requeued",
+            not_applicable="not Discarded",
+        )
+
+    def discard_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        if not self.has_discard_permission(request):
+            raise PermissionDenied
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            return missing_object_redirect(self, request, object_id)
+        response = self._discard(request, [obj.pk], single=obj)  # a GET shows the confirmation
+        if response is not None:
+            return response
+        return HttpResponseRedirect(reverse("admin:notifications_notification_change", args=[obj.pk]))
+
+
+class DiscardForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason",
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Required: kept with the notification, with your name and the time.",
+    )
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)

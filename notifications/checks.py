@@ -1,0 +1,61 @@
+"""System checks of the notifications app (registered in ``NotificationsConfig.ready``)."""
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning
+from django.db import DatabaseError
+
+from notifications.models import SmtpConfiguration
+from notifications.schedules import schedules_missing
+from notifications.secrets import SecretDecryptionError
+
+
+def check_secrets_decryptable(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """System check outbox.E001 (database tag, so run by migrate and `check --database default`):
+    the stored SMTP password decrypts with the configured keys. Returns the errors found."""
+    try:
+        SmtpConfiguration.objects.values_list("password", flat=True).first()
+    except SecretDecryptionError as exc:
+        return [Error(str(exc), id="outbox.E001")]
+    except DatabaseError:
+        pass  # no database or table yet (before migrate): nothing stored to check
+    return []
+
+
+def check_schedules_present(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """System check outbox.W001 (database tag): the worker's schedules exist. Without the
+    dispatch sweep nothing recovers expired leases or lost triggers. Returns the warnings."""
+    try:
+        missing = schedules_missing()
+    except DatabaseError:
+        return []  # no database or tables yet (before migrate): migrate will create them
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"The worker's schedules are missing: {', '.join(missing)}.",
+            hint="Run `python manage.py migrate` (it creates them) or `python manage.py setup_schedules`.",
+            id="outbox.W001",
+        )
+    ]
+
+
+def check_attachment_limit(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """System check outbox.W002: attachments as large as OUTBOX_MAX_ATTACHMENT_BYTES fit in a
+    request of OUTBOX_MAX_BODY_BYTES once base64-encoded (a third larger). Returns the warning
+    when they do not: such attachments would be refused with 413 before their limit applies."""
+    encoded = -(-settings.OUTBOX_MAX_ATTACHMENT_BYTES // 3) * 4
+    if encoded <= settings.OUTBOX_MAX_BODY_BYTES:
+        return []
+    return [
+        Warning(
+            f"OUTBOX_MAX_ATTACHMENT_BYTES ({settings.OUTBOX_MAX_ATTACHMENT_BYTES:,}) is {encoded:,} bytes as base64, "
+            f"more than a request may carry (OUTBOX_MAX_BODY_BYTES, {settings.OUTBOX_MAX_BODY_BYTES:,}).",
+            hint="Raise OUTBOX_MAX_BODY_BYTES to at least 4/3 of the attachment limit plus the rest of a "
+            "notification, or lower OUTBOX_MAX_ATTACHMENT_BYTES.",
+            id="outbox.W002",
+        )
+    ]

@@ -1,0 +1,283 @@
+"""Vendor SQL in one place: what the ORM cannot say, or says too slowly for the hot paths.
+
+Every function here has a PostgreSQL form (production) and a portable form (SQLite, the
+embedded default), and states the rule it serves so that callers (ingest, dispatch, the
+console) read as rules. Column lists and column types come from the models' ``_meta``, never
+from hand-typed lists, so a new column is carried along — or refused with a clear error.
+"""
+
+import json
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from datetime import date, datetime
+from decimal import Decimal
+from functools import cache
+from typing import Any, TypeVar, cast
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from django.db.models import F, Field, Func, Lookup, Model, Q, QuerySet, TextField
+from django.utils import timezone
+
+ModelT = TypeVar("ModelT", bound=Model)
+
+# --- the database clock ------------------------------------------------------------------------
+
+
+def database_now() -> datetime:
+    """The database server's current time (aware, UTC). SQLite is embedded: there the process
+    clock is the database clock."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+# --- row locks -------------------------------------------------------------------------------
+
+
+def lock_skipping_locked(queryset: QuerySet[ModelT]) -> QuerySet[ModelT]:
+    """``queryset`` locking its rows ``FOR UPDATE SKIP LOCKED`` where the database can (inside a
+    transaction): rows another transaction holds are skipped, never waited for. SQLite has no
+    row locks; its IMMEDIATE transactions serialise writers instead."""
+    if connection.features.has_select_for_update_skip_locked:
+        return queryset.select_for_update(skip_locked=True)
+    return queryset
+
+
+# --- idempotent insert ---------------------------------------------------------------------------
+
+
+def insert_ignoring_conflicts(
+    model: type[Model],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    stamped: Collection[str] = (),
+    stamped_if_null: Collection[str] = (),
+) -> dict[Any, datetime]:
+    """Insert those of ``rows`` whose primary key does not exist yet, in one statement
+    (``INSERT … ON CONFLICT DO NOTHING RETURNING``); returns ``{pk: stamp}`` of the rows it
+    inserted, where ``stamp`` is the statement's time.
+
+    Every row maps the same attribute names to values. Columns in ``stamped`` take the
+    statement's time, columns in ``stamped_if_null`` take it where the row's value is None,
+    and every other column takes its model default — read once per statement shape, so a
+    default that must differ per row (a fresh id, a time) has to be submitted or stamped. On
+    PostgreSQL the time is the database's clock; SQLite is embedded, so there it is the
+    process clock.
+
+    Called outside a transaction (as ingest does) the insert is committed when this returns.
+    PostgreSQL makes a concurrent inserter of the same key wait for the first one's commit.
+    Django's ``bulk_create(ignore_conflicts=True)`` cannot say which rows it inserted.
+    """
+    if not rows:
+        return {}
+    submitted = tuple(rows[0])
+    pk = model._meta.pk
+    assert pk is not None
+    if connection.vendor == "postgresql":
+        sql, default_params = _postgresql_insert(model, submitted, tuple(stamped), tuple(stamped_if_null))
+        # The rows travel as one JSON document expanded by jsonb_to_recordset: binding every
+        # value of every row as its own parameter costs more than the insert itself.
+        document = json.dumps(list(rows), default=_json_value, ensure_ascii=False)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*default_params, document])
+            return {pk.to_python(key): stamp for key, stamp in cursor.fetchall()}
+
+    now = timezone.now()
+    fields = model._meta.concrete_fields
+    quote = connection.ops.quote_name
+    columns = ", ".join(_column(f) for f in fields)
+    one_row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {', '.join([one_row] * len(rows))} "
+        f"ON CONFLICT ({_column(pk)}) DO NOTHING RETURNING {_column(pk)}"
+    )
+    defaults = {f.attname: f.get_default() for f in fields if f.attname not in submitted}
+    params: list[Any] = []
+    for row in rows:
+        values = {**defaults, **row, **dict.fromkeys(stamped, now)}
+        for name in stamped_if_null:
+            if values[name] is None:
+                values[name] = now
+        params.extend(f.get_db_prep_save(values[f.attname], connection) for f in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {pk.to_python(key): now for (key,) in cursor.fetchall()}
+
+
+@cache
+def _postgresql_insert(
+    model: type[Model], submitted: tuple[str, ...], stamped: tuple[str, ...], stamped_if_null: tuple[str, ...]
+) -> tuple[str, list[Any]]:
+    """The INSERT … SELECT FROM jsonb_to_recordset statement and its default-value parameters;
+    built once per shape (``db_type()`` per field per request would cost more than the rest of
+    the Python side of an ingest)."""
+    meta = model._meta
+    quote = connection.ops.quote_name
+    by_name = {f.attname: f for f in meta.concrete_fields}
+    unknown = sorted(set(submitted) - set(by_name))
+    if unknown:
+        raise ImproperlyConfigured(f"{meta.label} has no columns {unknown}")
+    record = ", ".join(f"{_column(by_name[name])} {by_name[name].db_type(connection)}" for name in submitted)
+    selects, params = [], []
+    for field in meta.concrete_fields:
+        column = f"r.{_column(field)}"
+        if field.attname in stamped:
+            selects.append("statement_timestamp()")
+        elif field.attname in submitted:
+            selects.append(f"COALESCE({column}, statement_timestamp())" if field.attname in stamped_if_null else column)
+        else:
+            default = field.get_default()
+            if default is None and not field.null:
+                raise ImproperlyConfigured(f"{meta.label}.{field.name} is neither submitted, stamped nor defaulted")
+            selects.append(f"CAST(%s AS {field.db_type(connection)})")
+            params.append(field.get_db_prep_save(default, connection))
+    pk = _column(meta.pk) if meta.pk else ""
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(_column(f) for f in meta.concrete_fields)}) "
+        f"SELECT {', '.join(selects)} FROM jsonb_to_recordset(%s::jsonb) AS r({record}) "
+        f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}, statement_timestamp()"
+    )
+    return sql, params
+
+
+# --- values fit for storage ---------------------------------------------------------------------
+
+
+def storable(value: Any) -> Any:
+    """``value`` with every string in it (nested in dicts and lists too, keys included) made
+    storable in any supported database: NUL written as ``\\x00`` (PostgreSQL refuses NUL in text
+    and in jsonb), unpaired surrogates (not encodable as UTF-8) replaced by U+FFFD.
+
+    For text that comes from outside and is only recorded, never matched on — a remote server's
+    reply, an exception's message: one such value must never make a whole transaction of results
+    fail. Input that is matched on (ingest) is validated instead and refused."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            value = value.replace("\x00", "\\x00")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
+        return value
+    if isinstance(value, dict):
+        return {storable(key): storable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(item) for item in value]
+    return value
+
+
+# --- batch update by primary key --------------------------------------------------------------
+
+
+def update_by_pk(objects: Sequence[Model], fields: Sequence[str]) -> None:
+    """Write ``fields`` of ``objects`` (all of one model) back, matched by primary key; each
+    value is first made :func:`storable` (on the object too, so it holds what was written).
+
+    On PostgreSQL this is one ``UPDATE … FROM jsonb_to_recordset``: Django's ``bulk_update``
+    builds a CASE per row and field, which costs more than the work being recorded.
+    """
+    if not objects:
+        return
+    for obj in objects:
+        for name in fields:
+            setattr(obj, name, storable(getattr(obj, name)))
+    model = type(objects[0])
+    if connection.vendor != "postgresql":
+        model._default_manager.bulk_update(objects, list(fields), batch_size=200)
+        return
+    sql = _postgresql_update(model, tuple(fields))
+    pk_name = model._meta.pk.attname if model._meta.pk else "pk"
+    document = json.dumps(
+        [{pk_name: obj.pk, **{name: getattr(obj, name) for name in fields}} for obj in objects],
+        default=_json_value,
+        ensure_ascii=False,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [document])
+
+
+@cache
+def _postgresql_update(model: type[Model], fields: tuple[str, ...]) -> str:
+    meta = model._meta
+    quote = connection.ops.quote_name
+    pk = meta.pk
+    assert pk is not None
+    chosen: list[Field] = [pk, *(cast(Field, meta.get_field(name)) for name in fields)]
+    record = ", ".join(f"{_column(f)} {f.db_type(connection)}" for f in chosen)
+    assignments = ", ".join(f"{_column(f)} = r.{_column(f)}" for f in chosen[1:])
+    return (
+        f"UPDATE {quote(meta.db_table)} AS t SET {assignments} "
+        f"FROM jsonb_to_recordset(%s::jsonb) AS r({record}) WHERE t.{_column(pk)} = r.{_column(pk)}"
+    )
+
+
+def _column(field: Any) -> str:
+    """The quoted column name of a concrete field."""
+    assert field.column is not None, f"{field} has no column"
+    return connection.ops.quote_name(field.column)
+
+
+def _json_value(value: Any) -> Any:
+    """JSON for the values json cannot encode itself (full precision; no rounding of times)."""
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, (uuid.UUID, Decimal)):
+        return str(value)
+    raise TypeError(f"cannot encode {type(value).__name__} for the database")
+
+
+# --- planner estimates ------------------------------------------------------------------------
+
+
+def planner_row_estimate(queryset: QuerySet[Any]) -> int | None:
+    """PostgreSQL's planner estimate of the rows ``queryset`` returns, read from ``EXPLAIN``
+    without running it; None where the database gives none (SQLite)."""
+    if connection.vendor != "postgresql":
+        return None
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+# --- case-insensitive search ------------------------------------------------------------------
+
+
+class ILike(Lookup):
+    """``lhs ILIKE rhs``. Unlike Django's ``icontains`` (``UPPER(…) LIKE UPPER(…)``) this can
+    use a trigram GIN index (the one on subject, migration 0002). A filter expression only."""
+
+    lookup_name = "ilike"
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        rhs, rhs_params = self.process_rhs(compiler, connection)
+        return f"{lhs} ILIKE {rhs}", (*lhs_params, *rhs_params)
+
+
+def contains_ignoring_case(field: str, text: str) -> Q | ILike:
+    """A filter: ``field`` contains ``text``, ignoring case. On PostgreSQL an ILIKE that the
+    trigram index answers; elsewhere Django's ``icontains``."""
+    if connection.vendor == "postgresql":
+        escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return ILike(F(field), f"%{escaped}%")
+    return Q(**{f"{field}__icontains": text})
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+class TextConcat(Func):
+    """``a || b || …`` as text. Django's Concat wraps each part in COALESCE with a value of
+    another type, which it then refuses to mix with a TextField; the columns joined here are
+    never NULL, and ``||`` means the same on PostgreSQL and SQLite."""
+
+    arg_joiner = " || "
+    template = "(%(expressions)s)"
+    output_field = TextField()

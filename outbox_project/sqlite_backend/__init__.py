@@ -1,0 +1,1 @@
+"""Django's SQLite backend, creating the database file's directory on first connection."""

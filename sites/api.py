@@ -1,0 +1,214 @@
+"""The site-facing API for agents' own state (docs/api.md, "Sites"): heartbeats, parked
+reports and command acknowledgements. Site-key authentication, like ingest. Views validate
+with a serializer, call one sites.services function and render."""
+
+from typing import Any, cast
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import exceptions, serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from notifications.api import ERROR_RESPONSES, ErrorSerializer
+from sites.models import Site, SiteCommand, SiteParkedNotification
+from sites.services import site_command_acknowledge, site_heartbeat_record, site_parked_report
+
+MAX_REPORT_ITEMS = 1000
+MAX_TEXT = 10_000
+
+
+class TextField(serializers.CharField):
+    """A JSON string of valid Unicode (no unpaired surrogates, no NUL: the database stores
+    neither), never a number or a boolean turned into one."""
+
+    default_error_messages = {"unicode": "Must be valid Unicode (no unpaired surrogates)."}
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError:
+            self.fail("unicode")
+        return str(super().to_internal_value(data))
+
+
+class CountField(serializers.IntegerField):
+    """A JSON integer (not a numeric string, not a boolean)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
+class IdField(serializers.UUIDField):
+    """A UUID given as a JSON string (DRF would also take an integer, or a boolean as one)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    """What the agent says about itself; fields it does not send keep their defaults."""
+
+    agent_version = TextField(max_length=64, allow_blank=True, required=False, default="")
+    buffered = CountField(min_value=0, max_value=2**31 - 1)
+    parked = CountField(min_value=0, max_value=2**31 - 1)
+    oldest_buffered_at = serializers.DateTimeField(allow_null=True, required=False, default=None)
+    last_forward_at = serializers.DateTimeField(allow_null=True, required=False, default=None)
+    last_error = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="", trim_whitespace=False)
+
+
+class CommandSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    action = serializers.ChoiceField(choices=SiteCommand.Action.choices)
+    notification_id = serializers.UUIDField()
+    reason = serializers.CharField(allow_blank=True)
+
+
+class ParkedItemSerializer(serializers.Serializer):
+    """A row parked at the site. Text longer than central's column is cut, never refused."""
+
+    notification_id = IdField()
+    type = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="")
+    list_name = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="")
+    subject = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="")
+    source_instance_id = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="")
+    source_script = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="")
+    site_enqueued_at = serializers.DateTimeField(allow_null=True, required=False, default=None)
+    reason = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="")
+    retry_count = CountField(min_value=0, max_value=2**31 - 1, required=False, default=0)
+    parked_at = serializers.DateTimeField(allow_null=True, required=False, default=None)
+
+
+class UnparkedItemSerializer(serializers.Serializer):
+    """A row that left the parked state at the site."""
+
+    notification_id = IdField()
+    outcome = serializers.ChoiceField(
+        choices=[SiteParkedNotification.State.RETRIED, SiteParkedNotification.State.DISCARDED]
+    )
+    changed_at = serializers.DateTimeField(allow_null=True, required=False, default=None)
+
+
+class ParkedReportSerializer(serializers.Serializer):
+    parked = serializers.ListField(
+        child=ParkedItemSerializer(), max_length=MAX_REPORT_ITEMS, required=False, default=list
+    )
+    unparked = serializers.ListField(
+        child=UnparkedItemSerializer(), max_length=MAX_REPORT_ITEMS, required=False, default=list
+    )
+
+
+class AckSerializer(serializers.Serializer):
+    result = serializers.ChoiceField(choices=[SiteCommand.State.DONE, SiteCommand.State.FAILED])
+    detail = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="")
+
+
+class CommandStateSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    action = serializers.ChoiceField(choices=SiteCommand.Action.choices)
+    notification_id = serializers.UUIDField()
+    state = serializers.ChoiceField(choices=SiteCommand.State.choices)
+    detail = serializers.CharField(allow_blank=True)
+
+
+SITE_ERRORS = {code: ERROR_RESPONSES[code] for code in (400, 401, 403, 413, 415, 429, 503)}
+
+
+def _validated(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:
+    if not isinstance(request.data, dict):
+        raise exceptions.ValidationError({"non_field_errors": ["Must be a JSON object."]})
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+def _site(request: Request) -> Site:
+    # The site-key authentication makes the Site the request's principal (IsActiveSite checked it).
+    return cast(Site, request.user)
+
+
+def command_record(command: SiteCommand) -> dict[str, Any]:
+    """A command as the agent receives it in a heartbeat answer."""
+    return {
+        "id": str(command.pk),
+        "action": command.action,
+        "notification_id": str(command.notification_id),
+        "reason": command.reason,
+    }
+
+
+class HeartbeatView(APIView):
+    @extend_schema(
+        request=HeartbeatSerializer,
+        responses={
+            200: OpenApiResponse(
+                inline_serializer("HeartbeatAnswer", {"commands": CommandSerializer(many=True)}),
+                description="Stored; the commands waiting for this site (until acknowledged)",
+            ),
+            **SITE_ERRORS,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """The site agent's state; answered with the operator commands waiting for it."""
+        commands = site_heartbeat_record(site=_site(request), report=_validated(HeartbeatSerializer, request))
+        return Response(
+            {"commands": [command_record(command) for command in commands]},
+            headers={"X-Outbox-Silent-After": str(settings.OUTBOX_SITE_SILENT_AFTER)},
+        )
+
+
+class ParkedReportView(APIView):
+    @extend_schema(
+        request=ParkedReportSerializer,
+        responses={
+            200: OpenApiResponse(
+                inline_serializer(
+                    "ParkedReportAnswer", {"parked": serializers.IntegerField(), "unparked": serializers.IntegerField()}
+                ),
+                description="Applied (idempotent by notification id)",
+            ),
+            **SITE_ERRORS,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Rows parked at the site, and rows that left that state (retried or discarded)."""
+        data = _validated(ParkedReportSerializer, request)
+        parked, unparked = site_parked_report(site=_site(request), parked=data["parked"], unparked=data["unparked"])
+        return Response({"parked": parked, "unparked": unparked})
+
+
+class CommandAckView(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("command_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        request=AckSerializer,
+        responses={
+            200: OpenApiResponse(CommandStateSerializer, description="Recorded (the first result wins)"),
+            404: OpenApiResponse(ErrorSerializer, description="No such command for this site"),
+            **SITE_ERRORS,
+        },
+    )
+    def post(self, request: Request, command_id: Any) -> Response:
+        """The agent's result of one command: done or failed, with a detail."""
+        data = _validated(AckSerializer, request)
+        command = site_command_acknowledge(
+            site=_site(request), command_id=command_id, result=data["result"], detail=data["detail"]
+        )
+        if command is None:
+            raise exceptions.NotFound("No command with this id for this site.", code="not_found")
+        return Response(
+            {
+                "id": str(command.pk),
+                "action": command.action,
+                "notification_id": str(command.notification_id),
+                "state": command.state,
+                "detail": command.detail,
+            }
+        )
