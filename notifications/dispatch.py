@@ -52,6 +52,9 @@ from notifications.adapters.base import (
     DeliveryResult,
     FailureClass,
     Session,
+    TargetOutcome,
+    delivery_deadline,
+    target_outcome,
 )
 from notifications.clock import DatabaseClock, database_clock, database_now
 from notifications.health import (
@@ -77,6 +80,7 @@ CLAIM_FIELDS = (
     "subject",
     "body",
     "type_data",
+    "resolved_targets",
     "status",
     "retry_count",
     "channel_failures",
@@ -371,6 +375,7 @@ def _finish_changes(
             delivered_at=now,
             next_attempt_at=None,
             resolved_targets=outcome.result.targets,
+            targets_refused=_refused(outcome.result.targets),
             last_error=outcome.result.warning,
         )
         return changes, "delivered"
@@ -387,6 +392,7 @@ def _finish_changes(
         queued_at=notification.requeued_at or notification.created_at,
         now=now,
         rand=random.random(),
+        outcome_unknown=error.outcome_unknown,
     )
     changes.update(
         retry_count=failed,
@@ -399,7 +405,13 @@ def _finish_changes(
         changes["expired_at"] = now
     if error.targets:
         changes["resolved_targets"] = error.targets
+        changes["targets_refused"] = _refused(error.targets)
     return changes, "retrying" if decision.status == Status.RETRYING else "parked"
+
+
+def _refused(targets: list[dict[str, Any]]) -> int:
+    """How many targets refused the notification for good."""
+    return sum(1 for entry in targets if isinstance(entry, dict) and target_outcome(entry) == TargetOutcome.REFUSED)
 
 
 def _attempt_finish(attempt: DeliveryAttempt, outcome: DeliveryOutcome, *, kind: str, probe: bool) -> None:
@@ -410,7 +422,13 @@ def _attempt_finish(attempt: DeliveryAttempt, outcome: DeliveryOutcome, *, kind:
         attempt.detail = outcome.result.detail
     elif outcome.error is not None:
         error = outcome.error
-        attempt.outcome = DeliveryAttempt.Outcome.PERMANENT if kind == "parked" else DeliveryAttempt.Outcome.TRANSIENT
+        if error.ambiguous:
+            # The server may hold the message: neither a failure to retry blindly nor a refusal.
+            attempt.outcome = DeliveryAttempt.Outcome.AMBIGUOUS
+        else:
+            attempt.outcome = (
+                DeliveryAttempt.Outcome.PERMANENT if kind == "parked" else DeliveryAttempt.Outcome.TRANSIENT
+            )
         attempt.failure_class = error.failure_class
         attempt.error = error.message[:MAX_ERROR_LENGTH]
         attempt.detail = error.detail
@@ -648,6 +666,8 @@ class _Batch:
         lease = settings.OUTBOX_LEASE_SECONDS
         timeout_margin = max((getattr(c.session, "timeout", 10) for c in self.contexts.values()), default=10) * 4
         start_by = min(deadline, lease_deadline - min(timeout_margin, lease / 2))
+        # Left of the lease when a delivery must be over: time to record its result.
+        lease_margin = min(10.0, lease / 10)
 
         def finish(row: Notification, outcome: DeliveryOutcome) -> Finish:
             return Finish(
@@ -673,7 +693,9 @@ class _Batch:
                 return finish(row, DeliveryOutcome(started=False))
             if stop.is_set() or time.monotonic() >= start_by:
                 return finish(row, DeliveryOutcome(started=False))
-            outcome = notification_deliver(notification=row, targets=targets, session=context.session)
+            # No wait of the adapter's may outlive the claim: another worker would send again.
+            with delivery_deadline(lease_deadline - lease_margin):
+                outcome = notification_deliver(notification=row, targets=targets, session=context.session)
             failure = outcome.error.failure_class if outcome.error is not None else None
             with streak_lock:
                 if failure in CHANNEL_FAILURES:

@@ -53,7 +53,12 @@ class Notification(models.Model):
     # they never count against the policy's max_attempts.
     channel_failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
+    # One entry per target with its outcome (notifications.adapters.base.TargetOutcome): who
+    # has it, who refused it for good, who is still owed it (retried) and who may have it.
     resolved_targets = models.JSONField(default=list, blank=True)
+    # Targets of resolved_targets that refused it for good: a Delivered row with any was
+    # delivered partially (a KPI and a console filter; kept beside the JSON so both are cheap).
+    targets_refused = models.PositiveIntegerField(default=0)
 
     # Provenance. The site id is a plain string stamped from the credential, not a foreign
     # key: the audit row must outlive the Site record.
@@ -103,6 +108,12 @@ class Notification(models.Model):
                 name="notif_delivered_idx",
                 condition=models.Q(status=NotificationStatus.DELIVERED),
             ),
+            # "Delivered partially in the last interval": a handful of rows, so a tiny index.
+            models.Index(
+                fields=["delivered_at"],
+                name="notif_partial_idx",
+                condition=models.Q(status=NotificationStatus.DELIVERED, targets_refused__gt=0),
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -129,6 +140,9 @@ class DeliveryAttempt(models.Model):
         SUCCESS = "success"
         TRANSIENT = "transient"
         PERMANENT = "permanent"
+        # The message was handed over (the final dot sent) and the relay's answer never came:
+        # the relay may hold it. Retried with the same Message-ID (docs/guarantees.md).
+        AMBIGUOUS = "ambiguous"
 
     notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="attempts")
     started_at = models.DateTimeField(default=timezone.now)
@@ -222,6 +236,15 @@ class SmtpConfiguration(models.Model):
     password = EncryptedTextField(blank=True, help_text="Stored encrypted; never exported or shown.")
     from_address = models.EmailField()
     timeout_seconds = models.PositiveIntegerField(default=10)
+    data_timeout_seconds = models.PositiveIntegerField(
+        default=600,
+        help_text=(
+            "How long to wait for the server's answer once the whole message is sent. Giving up "
+            "earlier leaves its outcome unknown (it may have been accepted) and the retry can make "
+            "a second copy; RFC 5321 suggests 10 minutes. Also bounded by the claim's lease "
+            "(OUTBOX_LEASE_SECONDS)."
+        ),
+    )
     # Email's retry timing while no delivery policy for email is stored (DeliveryPolicy).
     max_retries = models.PositiveIntegerField(default=10)
     retry_interval_seconds = models.PositiveIntegerField(default=60)
@@ -233,6 +256,7 @@ class SmtpConfiguration(models.Model):
             models.CheckConstraint(condition=models.Q(pk=1), name="smtp_configuration_singleton"),
             models.CheckConstraint(condition=models.Q(port__gte=1, port__lte=65535), name="smtp_port_range"),
             models.CheckConstraint(condition=models.Q(timeout_seconds__gte=1), name="smtp_timeout_positive"),
+            models.CheckConstraint(condition=models.Q(data_timeout_seconds__gte=1), name="smtp_data_timeout_positive"),
         ]
 
     def __str__(self) -> str:

@@ -7,6 +7,9 @@ fixed interval and attempt count) with the default ``retry_on`` and breaker sett
 
 The rule for a failed attempt, in order:
 
+0. an attempt that leaves nothing to retry but recipients whose outcome is unknown (the
+   message was handed over twice without an answer: the relay may hold it) parks as "Outcome
+   unknown (…)": never "retries exhausted", and never sent again without an operator;
 1. a class not in ``retry_on`` parks at once ("Permanent failure (<class>): …");
 2. a row older than ``max_age_seconds`` parks as expired ("Expired: not delivered within …");
 3. a channel failure (connection, timeout, auth, throttled) is retried after the strategy's
@@ -205,11 +208,13 @@ def delivery_failure_decide(
     queued_at: datetime,
     now: datetime,
     rand: float,
+    outcome_unknown: bool = False,
 ) -> FailureDecision:
     """The rule of the module docstring for one failed attempt of class ``failure_class``.
 
     ``row_failures`` counts this row's failed attempts that were not the channel's fault,
-    including this one if it is not; ``queued_at`` is when the row's maximum age started
+    including this one if it is not; ``outcome_unknown``: the attempt left only recipients
+    whose outcome is unknown (rule 0); ``queued_at`` is when the row's maximum age started
     (ingest, or the last operator Retry or Requeue); ``rand`` in [0, 1) draws the jitter.
     """
     timing = policy.timing
@@ -224,6 +229,8 @@ def delivery_failure_decide(
             expired=is_expired,
         )
 
+    if outcome_unknown:
+        return park(f"Outcome unknown ({failure_class}; the relay may have accepted it): {message}")
     if failure_class not in policy.retry_on:
         return park(f"Permanent failure ({failure_class}): {message}")
     if expired(timing, created_at=queued_at, now=now):

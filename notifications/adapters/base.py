@@ -7,6 +7,10 @@ class (:class:`FailureClass`). Whether a class is retried or parked is not the a
 decision: the channel's delivery policy (notifications.policies) decides.
 """
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,12 +45,91 @@ HEALTHY_FAILURES = frozenset(
 )
 
 
+class TargetOutcome(models.TextChoices):
+    """What happened to one target, as ``resolved_targets`` records it (docs/architecture.md,
+    "Per-recipient delivery state")."""
+
+    DELIVERED = "delivered", "delivered"  # accepted by the server: never sent again
+    REFUSED = "refused", "refused"  # refused for good (e.g. SMTP 5xx): never sent again
+    DEFERRED = "deferred", "deferred"  # refused for now (4xx) or not reached: owed, retried
+    # Handed over, but the server's answer never came: it may have it. Retried once, with the
+    # same Message-ID so that a receiver can drop a second copy.
+    AMBIGUOUS = "ambiguous", "ambiguous"
+    # Ambiguous again on its retry: not sent again without an operator's Retry.
+    UNKNOWN = "unknown", "unknown"
+
+
+# Outcomes that a later attempt sends to again without anyone asking.
+OWED_OUTCOMES = frozenset({TargetOutcome.DEFERRED, TargetOutcome.AMBIGUOUS})
+# Outcomes written before per-target state existed, read as their present meaning.
+LEGACY_OUTCOMES = {"failed": TargetOutcome.UNKNOWN, "not sent": TargetOutcome.DEFERRED}
+
+
+def target_outcome(entry: dict[str, Any]) -> str:
+    """The outcome of one ``resolved_targets`` entry in today's words."""
+    outcome = str(entry.get("outcome", ""))
+    return LEGACY_OUTCOMES.get(outcome, outcome)
+
+
+def targets_summary(entries: Any) -> dict[str, Any] | None:
+    """Counts of ``resolved_targets`` by outcome, the refusal codes and one line for people
+    ("delivered to 118 of 120, 2 refused (550)"); None when nothing is recorded yet."""
+    if not isinstance(entries, list) or not entries:
+        return None
+    counts = dict.fromkeys(TargetOutcome.values, 0)
+    codes: set[int] = set()
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        outcome = target_outcome(entry)
+        if outcome in counts:
+            counts[outcome] += 1
+        if outcome == TargetOutcome.REFUSED and isinstance(entry.get("smtp_code"), int):
+            codes.add(entry["smtp_code"])
+    total = len(entries)
+    parts = [f"delivered to {counts[TargetOutcome.DELIVERED]} of {total}"]
+    if counts[TargetOutcome.REFUSED]:
+        refused = f"{counts[TargetOutcome.REFUSED]} refused"
+        parts.append(f"{refused} ({', '.join(str(code) for code in sorted(codes))})" if codes else refused)
+    if counts[TargetOutcome.DEFERRED]:
+        parts.append(f"{counts[TargetOutcome.DEFERRED]} deferred (retried)")
+    if counts[TargetOutcome.AMBIGUOUS]:
+        parts.append(f"{counts[TargetOutcome.AMBIGUOUS]} not confirmed (retried with the same Message-ID)")
+    if counts[TargetOutcome.UNKNOWN]:
+        parts.append(f"{counts[TargetOutcome.UNKNOWN]} unknown (the server may have it)")
+    return {"total": total, **counts, "refused_codes": sorted(codes), "text": ", ".join(parts)}
+
+
+# Seconds (time.monotonic()) by which the delivery running in this thread must be over: the
+# dispatcher sets it from the claim's lease, so that no wait outlives the claim (another worker
+# would then send the message again).
+_delivery_deadline: ContextVar[float | None] = ContextVar("delivery_deadline", default=None)
+
+
+@contextmanager
+def delivery_deadline(deadline: float | None) -> Iterator[None]:
+    """Within the block, :func:`delivery_time_left` counts down to ``deadline`` (monotonic)."""
+    token = _delivery_deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _delivery_deadline.reset(token)
+
+
+def delivery_time_left() -> float | None:
+    """Seconds the current delivery may still take (None: no bound set, e.g. outside dispatch)."""
+    deadline = _delivery_deadline.get()
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 @dataclass(frozen=True)
 class DeliveryResult:
     """A delivery the server accepted for at least one target.
 
     ``targets`` is the audit snapshot for ``resolved_targets``: one dict per target with at
-    least ``target`` and ``outcome`` ("delivered" or "refused"). ``detail`` is adapter detail
+    least ``target`` and ``outcome`` (a :class:`TargetOutcome`; in a result only "delivered"
+    or "refused": a target still owed the message makes the attempt a DeliveryError, which
+    carries the snapshot too). ``detail`` is adapter detail
     for the attempt record (e.g. the SMTP reply code). ``warning`` is set when some targets
     were refused; it becomes the row's ``last_error``.
     """
@@ -57,7 +140,12 @@ class DeliveryResult:
 
 
 class DeliveryError(Exception):
-    """A failed delivery of the class ``failure_class`` (a :class:`FailureClass` value)."""
+    """A failed (or not yet complete) delivery of the class ``failure_class`` (a
+    :class:`FailureClass` value). ``targets``: the per-target snapshot when the adapter knows
+    it (targets that already have the message are in it as "delivered"). ``ambiguous``: the
+    message was handed over and the answer lost, so the server may hold it (the attempt is
+    recorded as ambiguous). ``outcome_unknown``: nothing is left to retry but targets whose
+    outcome stays unknown; the row parks with that reason whatever the policy says."""
 
     def __init__(
         self,
@@ -66,6 +154,8 @@ class DeliveryError(Exception):
         failure_class: str,
         detail: dict[str, Any] | None = None,
         targets: list[dict[str, Any]] | None = None,
+        ambiguous: bool = False,
+        outcome_unknown: bool = False,
     ) -> None:
         if failure_class not in FailureClass.values:
             raise ValueError(f"unknown failure class {failure_class!r}")
@@ -74,6 +164,33 @@ class DeliveryError(Exception):
         self.failure_class = str(failure_class)
         self.detail = detail or {}
         self.targets = targets or []
+        self.ambiguous = ambiguous
+        self.outcome_unknown = outcome_unknown
+
+
+def targets_owed(notification: "Notification") -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """``(kept, owed)`` entries of the notification's earlier outcomes, or None when its
+    targets are to be resolved afresh (nothing recorded, or no target has or may have it).
+
+    ``owed`` are sent to by this attempt: the deferred and ambiguous ones; after an operator's
+    Retry or Requeue (the row's failure count is back at 0 while outcomes are recorded), every
+    one that did not accept it. ``kept`` stand as they are."""
+    entries = notification.resolved_targets
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) and "target" in entry for entry in entries):
+        return None
+    has_it = {TargetOutcome.DELIVERED, TargetOutcome.AMBIGUOUS, TargetOutcome.UNKNOWN}
+    if not any(target_outcome(entry) in has_it for entry in entries):
+        return None
+    reopened = notification.retry_count == 0
+    kept: list[dict[str, Any]] = []
+    owed: list[dict[str, Any]] = []
+    for entry in entries:
+        outcome = target_outcome(entry)
+        if outcome in OWED_OUTCOMES or (reopened and outcome != TargetOutcome.DELIVERED):
+            owed.append(entry)
+        else:
+            kept.append(entry)
+    return kept, owed
 
 
 class Adapter:
@@ -105,7 +222,12 @@ class Session:
     """Delivers notifications of one batch, reusing connections; thread-safe."""
 
     def deliver(self, notification: "Notification", targets: list[str]) -> DeliveryResult:
-        """Deliver ``notification`` to ``targets``; a DeliveryResult or a DeliveryError."""
+        """Deliver ``notification`` to ``targets``; a DeliveryResult or a DeliveryError.
+
+        ``notification.resolved_targets`` holds the outcomes of earlier attempts: once a target
+        has (or may have) the message, the set of targets is the recorded one and only those
+        still owed it (:data:`OWED_OUTCOMES`; after an operator's Retry, every one that did not
+        accept it) are sent to. See :func:`targets_owed`."""
         raise NotImplementedError
 
     def close(self) -> None:

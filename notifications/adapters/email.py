@@ -4,9 +4,16 @@ Django's SMTP backend reports only "sent" or an exception, and loses which recip
 server refused; the audit snapshot (``resolved_targets``) needs every recipient's outcome, so
 this adapter speaks the transaction itself: MAIL FROM, one RCPT TO per recipient, DATA.
 
+Every recipient has an outcome of its own (docs/architecture.md, "Per-recipient delivery
+state"): accepted, refused for good (5xx), deferred (4xx, or not reached: sent again by a later
+attempt, alone), or ambiguous (the message was handed over and the answer lost: sent again once,
+with the same Message-ID). A server that takes no more recipients in one transaction
+(``452 4.5.3``) gets the rest in the next transaction of the same attempt.
+
 A session keeps a small pool of open connections for a batch; any dispatcher thread takes one,
 uses it for one message and gives it back, so a batch of 200 costs ``concurrency`` TCP (and TLS)
-handshakes, not 200. Every network call has the configured timeout.
+handshakes, not 200. Every network call has the configured timeout, but the wait for the answer
+to the end of the message, which has its own (``data_timeout_seconds``).
 
 The console's "Send test email" goes through the same session (:func:`email_send_test`), so
 it connects, authenticates and classifies failures exactly as delivery does.
@@ -21,13 +28,25 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from email.utils import format_datetime
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from django.utils import timezone
 
-from notifications.adapters.base import Adapter, DeliveryError, DeliveryResult, FailureClass, Session
+from notifications.adapters.base import (
+    OWED_OUTCOMES,
+    Adapter,
+    DeliveryError,
+    DeliveryResult,
+    FailureClass,
+    Session,
+    TargetOutcome,
+    delivery_time_left,
+    target_outcome,
+    targets_owed,
+)
 from notifications.adapters.email_compose import email_compose, message_id_for
 from notifications.backoff import RetryTiming
 from notifications.email_content import EmailContent, email_content_read
@@ -109,6 +128,7 @@ class EmailSession(Session):
         self.password = config.password
         self.from_address = config.from_address
         self.timeout = config.timeout_seconds
+        self.data_timeout = config.data_timeout_seconds
         self._idle: list[smtplib.SMTP] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -161,62 +181,213 @@ class EmailSession(Session):
 
     def deliver(self, notification: Notification, targets: list[str]) -> DeliveryResult:
         """Deliver as the list's recipient mode says (see :class:`EmailTargets`): ``bcc`` and
-        ``to`` in one transaction to the members and the Cc addresses, ``individual`` as one
-        message per member (and one for the Cc addresses)."""
+        ``to`` as one message to the members and the Cc addresses (in as many transactions as
+        the server takes recipients), ``individual`` as one message per member (and one for the
+        Cc addresses). Only recipients still owed the message are sent to (``targets_owed``);
+        the result, or the DeliveryError, carries every recipient's outcome."""
         mode = getattr(targets, "recipient_mode", RecipientMode.BCC)
         content = self._content(notification)
+        plan = _Plan.make(notification, list(targets), content)
         # Every recipient goes into an SMTP command, shown in a header or not.
-        _refuse_line_breaks(("recipient", target) for target in targets)
-        if mode == RecipientMode.INDIVIDUAL:
-            return self._deliver_individually(notification, list(targets), content)
-        message = self._compose(notification, to=list(targets) if mode == RecipientMode.TO else [], content=content)
-        recipients = _without_repeats([*targets, *content.cc]) if content.cc else list(targets)
-        cc_only = (
-            {address.lower() for address in content.cc} - {address.lower() for address in targets}
-            if content.cc
-            else set()
-        )
+        _refuse_line_breaks(("recipient", target) for target in [*plan.members, *plan.cc_only])
+        line = _Line(self)
+        entries: list[dict[str, Any]] = []
+        failures: list[DeliveryError] = []
+        reply: tuple[int, str] | None = None
+        messages = 0
         try:
-            result = self._send(message, recipients)
-        except DeliveryError as error:
-            _mark_cc(error.targets, cc_only)
-            raise
-        _mark_cc(result.targets, cc_only)
-        result.detail["recipient_mode"] = str(mode)
-        return result
-
-    def _send(self, message: bytes, targets: list[str]) -> DeliveryResult:
-        """One message in one transaction to ``targets``, on a pooled connection."""
-        try:
-            smtp, reused = self._take()
-        except (smtplib.SMTPException, OSError) as exc:
-            raise classify(exc, stage="connect") from exc
-        try:
-            try:
-                result = self._transaction(smtp, message, targets)
-            except (smtplib.SMTPServerDisconnected, ConnectionError) as exc:
-                if not (reused and getattr(exc, "stage", None) == "MAIL FROM"):
-                    raise
-                # The server closed an idle pooled connection before we spoke: nothing was
-                # sent, so a fresh connection is safe to try once.
-                _discard(smtp)
-                smtp, reused = self._connect(), False
-                result = self._transaction(smtp, message, targets)
-        except _Refused as refused:
-            self._reset_or_discard(smtp)
-            raise refused.error from None
-        except smtplib.SMTPResponseException as exc:
-            self._reset_or_discard(smtp)
-            raise classify(exc, stage=getattr(exc, "stage", "")) from exc
-        except (smtplib.SMTPException, OSError) as exc:
-            _discard(smtp)
-            raise classify(exc, stage=getattr(exc, "stage", "")) from exc
+            batches: list[tuple[list[str], Callable[[], bytes]]]
+            if mode == RecipientMode.INDIVIDUAL:
+                batches = [
+                    ([member], partial(self._compose, notification, to=[member], content=content, recipient=member))
+                    for member in plan.members
+                ]
+                if plan.cc_only:
+                    # The Message-ID comes from every Cc address of the notification, so that a
+                    # retry to some of them carries the first attempt's.
+                    seed = ", ".join(plan.cc_all)
+                    batches.append(
+                        (plan.cc_only, partial(self._compose, notification, to=[], content=content, recipient=seed))
+                    )
+            else:
+                shown = plan.all_members if mode == RecipientMode.TO else []
+                batches = [
+                    (
+                        _without_repeats([*plan.members, *plan.cc_only]),
+                        partial(self._compose, notification, to=shown, content=content),
+                    )
+                ]
+            for recipients, compose in batches:
+                if not recipients:
+                    continue
+                message = compose()
+                messages += 1
+                sent, failure, answer = self._send_message(line, message, recipients, plan.unanswered)
+                entries += sent
+                reply = answer or reply
+                if failure is not None:
+                    failures.append(failure)
         except BaseException:
-            _discard(smtp)
+            line.abandon()
             raise
-        self._give_back(smtp)
-        result.detail["connection_reused"] = reused
-        return result
+        line.release()
+        _mark_cc(entries, {address.lower() for address in plan.cc_only})
+        return _shape(
+            snapshot=plan.merge(entries),
+            new=entries,
+            failures=failures,
+            detail={"recipient_mode": str(mode), "messages": messages, "connection_reused": line.first_reused},
+            reply=reply,
+        )
+
+    def _send_message(
+        self, line: "_Line", message: bytes, recipients: list[str], unanswered: dict[str, int]
+    ) -> tuple[list[dict[str, Any]], DeliveryError | None, tuple[int, str] | None]:
+        """One message to ``recipients``, in as many transactions as the server takes
+        recipients in (a ``452 4.5.3`` "too many recipients" sends the rest in the next one,
+        RFC 5321 §4.5.3.1.10). Returns every recipient's entry and the failure that kept any
+        of them from having it (the last one), if any, and the server's last acceptance. A lost
+        connection ends the message: its remaining recipients are deferred (retried by a later
+        attempt), never sent twice within one attempt."""
+        entries: list[dict[str, Any]] = []
+        failure: DeliveryError | None = None
+        reply: tuple[int, str] | None = None
+        remaining = list(recipients)
+        while remaining:
+            try:
+                smtp = line.get()
+            except DeliveryError as error:
+                entries += [_entry(target, TargetOutcome.DEFERRED, error=error.message) for target in remaining]
+                return entries, error, reply
+            done = self._transaction(smtp, message, remaining, unanswered)
+            if done.broken and done.stale and line.reused:
+                # The server closed an idle pooled connection before we spoke: nothing was
+                # sent, so a fresh connection is safe to try.
+                line.lose(replace_free=True)
+                continue
+            entries += done.entries
+            failure = done.failure or failure
+            reply = done.reply or reply
+            if done.broken:
+                line.lose(done.failure)
+                return entries, failure, reply
+            if done.needs_reset:
+                line.reset()
+            remaining = done.leftover
+        return entries, failure, reply
+
+    def _transaction(
+        self, smtp: smtplib.SMTP, message: bytes, targets: list[str], unanswered: dict[str, int]
+    ) -> "_Transaction":
+        """One SMTP transaction: MAIL FROM, RCPT TO for each target until the server takes no
+        more (those are ``leftover``), DATA to the accepted ones. Never raises for what the
+        server answers or for a lost connection: every target handled gets its entry."""
+        try:
+            code, reply = smtp.mail(self.from_address)
+        except (smtplib.SMTPException, OSError) as exc:
+            failure = classify(exc, stage="MAIL FROM")
+            return _Transaction(
+                entries=_failed(targets, failure),
+                failure=failure,
+                broken=True,
+                stale=isinstance(exc, (smtplib.SMTPServerDisconnected, ConnectionError)),
+            )
+        if code != 250:
+            failure = classify(smtplib.SMTPSenderRefused(code, reply, self.from_address), stage="MAIL FROM")
+            # The sender is refused, not the recipients: they are still owed the message.
+            return _Transaction(entries=_failed(targets, failure), failure=failure, needs_reset=True)
+        accepted: list[str] = []
+        entries: list[dict[str, Any]] = []
+        leftover: list[str] = []
+        for index, target in enumerate(targets):
+            try:
+                code, reply = smtp.rcpt(target)
+            except (smtplib.SMTPException, OSError) as exc:
+                failure = classify(exc, stage="RCPT TO")
+                return _Transaction(
+                    entries=entries + _failed([*accepted, *targets[index:]], failure), failure=failure, broken=True
+                )
+            if code in (250, 251):
+                accepted.append(target)
+            elif _too_many_recipients(code, _text(reply)) and accepted:
+                # RFC 5321 §4.5.3.1.10: the server's recipient limit; the rest go in the next
+                # transaction (a 552 here is such a limit too, and temporary, says the RFC).
+                leftover = targets[index:]
+                break
+            elif 500 <= code < 600 and not _too_many_recipients(code, _text(reply)):
+                entries.append(_entry(target, TargetOutcome.REFUSED, code=code, error=_text(reply)))
+            else:
+                entries.append(_entry(target, TargetOutcome.DEFERRED, code=code, error=_text(reply)))
+        if not accepted:
+            return _Transaction(entries=entries, needs_reset=True)
+        done = self._data(smtp, message, accepted, unanswered)
+        done.entries = entries + done.entries
+        done.leftover = leftover
+        done.accepted = len(accepted)
+        return done
+
+    def _data(
+        self, smtp: smtplib.SMTP, message: bytes, accepted: list[str], unanswered: dict[str, int]
+    ) -> "_Transaction":
+        """DATA, the message and the final dot. Until the final dot is sent a failure leaves
+        the recipients deferred (the server cannot have the message); a failure while waiting
+        for the answer to it leaves them ambiguous (it may). That wait has its own, longer
+        timeout (``data_timeout_seconds``), bounded by the claim's lease."""
+        try:
+            code, reply = smtp.docmd("DATA")
+        except (smtplib.SMTPException, OSError) as exc:
+            failure = classify(exc, stage="DATA")
+            return _Transaction(entries=_failed(accepted, failure), failure=failure, broken=True)
+        if code != 354:
+            failure = classify(smtplib.SMTPDataError(code, reply), stage="DATA")
+            return _Transaction(entries=_answered(accepted, code, reply), failure=failure, needs_reset=True)
+        try:
+            smtp.send(_dot_stuffed(message))
+        except (smtplib.SMTPException, OSError) as exc:
+            failure = classify(exc, stage="DATA")
+            return _Transaction(entries=_failed(accepted, failure), failure=failure, broken=True)
+        try:
+            if smtp.sock is not None:
+                smtp.sock.settimeout(self._data_wait())
+            code, reply = smtp.getreply()
+        except (smtplib.SMTPException, OSError) as exc:
+            lost = classify(exc, stage="end of data")
+            failure = DeliveryError(
+                f"{lost.message}, after the whole message was sent: the server may have accepted it "
+                "(retried with the same Message-ID)",
+                failure_class=lost.failure_class,
+                detail=lost.detail,
+                ambiguous=True,
+            )
+            return _Transaction(entries=_unanswered(accepted, failure, unanswered), failure=failure, broken=True)
+        finally:
+            if smtp.sock is not None:
+                smtp.sock.settimeout(self.timeout)
+        if not 200 <= code < 600:
+            failure = DeliveryError(
+                f"SMTP server answered the end of the message with an unreadable reply: {_text(reply)[:200]}",
+                failure_class=FailureClass.PROVIDER_ERROR,
+                detail={"stage": "end of data"},
+                ambiguous=True,
+            )
+            return _Transaction(entries=_unanswered(accepted, failure, unanswered), failure=failure, broken=True)
+        if 200 <= code < 300:
+            delivered = [_entry(target, TargetOutcome.DELIVERED, code=code) for target in accepted]
+            for entry in delivered:
+                if unanswered.get(entry["target"].lower()):
+                    entry["unanswered"] = unanswered[entry["target"].lower()]
+            return _Transaction(entries=delivered, reply=(code, _text(reply)[:200]))
+        failure = classify(smtplib.SMTPDataError(code, reply), stage="DATA")
+        return _Transaction(entries=_answered(accepted, code, reply), failure=failure, needs_reset=True)
+
+    def _data_wait(self) -> float:
+        """Seconds to wait for the answer to the final dot: ``data_timeout_seconds``, but never
+        past the delivery's deadline (the claim's lease), and never below ``timeout_seconds``."""
+        left = delivery_time_left()
+        wait = float(self.data_timeout)
+        if left is not None:
+            wait = min(wait, left)
+        return max(wait, float(self.timeout))
 
     def _content(self, notification: Notification) -> EmailContent:
         """The email fields of the notification's type_data; a permanent DeliveryError when
@@ -259,184 +430,6 @@ class EmailSession(Session):
             content=content,
         )
 
-    def _deliver_individually(
-        self, notification: Notification, members: list[str], content: EmailContent
-    ) -> DeliveryResult:
-        """One message per member, each addressed to that member alone and sent in its own
-        transaction over one connection, so that each member has an outcome of its own. The
-        Cc addresses get one message of their own (To: undisclosed recipients), so they are
-        sent one copy and see no member.
-
-        A refusal (at RCPT TO or DATA) is that member's outcome and the loop goes on. A lost
-        connection is replaced once: a member whose message was being handed over (DATA) when
-        it was lost is reported "failed" (the server may have it), the others are tried on the
-        new connection. Members never reached are "not sent". Nothing is retried once any
-        member has the message, since a retry would send it to them again: the notification is
-        Delivered with the failed members in ``resolved_targets`` and the warning. When no
-        member has it, it fails as a whole (and is retried unless every refusal was 5xx).
-        """
-        messages: list[tuple[list[str], bytes]] = [
-            ([member], self._compose(notification, to=[member], content=content, recipient=member))
-            for member in _without_repeats(members)
-        ]
-        member_keys = {member.lower() for member in members}
-        cc_only = [address for address in content.cc if address.lower() not in member_keys]
-        if cc_only:
-            cc_message = self._compose(notification, to=[], content=content, recipient=", ".join(cc_only))
-            messages.append((cc_only, cc_message))
-
-        snapshot: list[dict[str, Any]] = []
-        smtp: smtplib.SMTP | None = None
-        reused = False
-        pooled = True  # the first connection comes from the pool, any later one is new
-        replacements = 1
-        stopped_by: DeliveryError | None = None
-        position = 0
-        while position < len(messages):
-            recipients, message = messages[position]
-            if smtp is None:
-                try:
-                    smtp, reused = self._take() if pooled else (self._connect(), False)
-                except (smtplib.SMTPException, OSError) as exc:
-                    stopped_by = classify(exc, stage="connect")
-                    break
-                pooled = False
-            try:
-                result = self._transaction(smtp, message, recipients)
-            except _Refused as refused:
-                snapshot += refused.error.targets
-                smtp = self._reset_kept(smtp)
-            except smtplib.SMTPResponseException as exc:
-                reply = {"outcome": "refused", "smtp_code": exc.smtp_code, "error": _text(exc.smtp_error)}
-                snapshot += [{"target": target, **reply} for target in recipients]
-                smtp = self._reset_kept(smtp)
-            except (smtplib.SMTPException, OSError) as exc:
-                _discard(smtp)
-                smtp = None
-                stage = getattr(exc, "stage", "")
-                if (
-                    reused
-                    and stage == "MAIL FROM"
-                    and isinstance(exc, (smtplib.SMTPServerDisconnected, ConnectionError))
-                ):
-                    reused = False  # a pooled connection the server had closed: nothing was sent
-                    continue
-                failure = classify(exc, stage=stage)
-                if stage == "DATA":
-                    lost = {"outcome": "failed", "error": f"{failure.message} (the server may have accepted it)"}
-                    snapshot += [{"target": target, **lost} for target in recipients]
-                    position += 1
-                if replacements == 0:
-                    stopped_by = failure
-                    break
-                replacements -= 1
-                continue
-            except BaseException:
-                _discard(smtp)
-                raise
-            else:
-                snapshot += result.targets
-            reused = False
-            position += 1
-        if smtp is not None:
-            self._give_back(smtp)
-        if position < len(messages):
-            reason = stopped_by.message if stopped_by else "not sent"
-            for recipients, _ in messages[position:]:
-                snapshot += [{"target": target, "outcome": "not sent", "error": reason} for target in recipients]
-        _mark_cc(snapshot, {address.lower() for address in cc_only})
-
-        delivered = [entry for entry in snapshot if entry["outcome"] == "delivered"]
-        if not delivered:
-            if stopped_by is not None:
-                raise DeliveryError(
-                    stopped_by.message,
-                    failure_class=stopped_by.failure_class,
-                    detail=stopped_by.detail,
-                    targets=snapshot,
-                )
-            if all("smtp_code" in entry for entry in snapshot):
-                raise _all_refused(snapshot)
-            raise DeliveryError(
-                "No recipient received the message: "
-                + "; ".join(f"{entry['target']} ({entry['outcome']}: {entry.get('error', '')})" for entry in snapshot)[
-                    :2000
-                ],
-                failure_class=FailureClass.PROVIDER_ERROR,
-                targets=snapshot,
-            )
-        warning = ""
-        if len(delivered) < len(snapshot):
-            warning = f"Delivered to {len(delivered)} of {len(snapshot)} recipients; not delivered: " + "; ".join(
-                f"{entry['target']} ({entry.get('smtp_code') or entry['outcome']} {entry.get('error', '')})"
-                for entry in snapshot
-                if entry["outcome"] != "delivered"
-            )
-        return DeliveryResult(
-            targets=snapshot,
-            warning=warning[:2000],
-            detail={
-                "recipient_mode": RecipientMode.INDIVIDUAL.value,
-                "messages": len(messages),
-                "accepted": len(delivered),
-                "refused": len(snapshot) - len(delivered),
-            },
-        )
-
-    def _transaction(self, smtp: smtplib.SMTP, message: bytes, targets: list[str]) -> DeliveryResult:
-        """One SMTP transaction to every target; a DeliveryResult, or raises."""
-        code, reply = _step(smtp.mail, "MAIL FROM", self.from_address)
-        if code != 250:
-            raise _staged(smtplib.SMTPSenderRefused(code, reply, self.from_address), "MAIL FROM")
-        accepted: list[str] = []
-        refused: list[dict[str, Any]] = []
-        for target in targets:
-            code, reply = _step(smtp.rcpt, "RCPT TO", target)
-            if code in (250, 251):
-                accepted.append(target)
-            else:
-                refused.append({"target": target, "outcome": "refused", "smtp_code": code, "error": _text(reply)})
-        if not accepted:
-            raise _Refused(_all_refused(refused))
-        code, reply = _step(smtp.data, "DATA", message)
-        if code != 250:
-            raise _staged(smtplib.SMTPDataError(code, reply), "DATA")
-        snapshot = [{"target": t, "outcome": "delivered", "smtp_code": code} for t in accepted] + refused
-        warning = ""
-        if refused:
-            warning = f"Delivered to {len(accepted)} of {len(targets)} recipients; refused: " + "; ".join(
-                f"{r['target']} ({r['smtp_code']} {r['error']})" for r in refused
-            )
-        return DeliveryResult(
-            targets=snapshot,
-            warning=warning[:2000],
-            detail={
-                "smtp_code": code,
-                "smtp_reply": _text(reply)[:200],
-                "accepted": len(accepted),
-                "refused": len(refused),
-            },
-        )
-
-    def _reset_kept(self, smtp: smtplib.SMTP) -> smtplib.SMTP | None:
-        """After a refused transaction: the connection, still good once RSET succeeds, else
-        None (discarded)."""
-        try:
-            smtp.rset()
-        except (smtplib.SMTPException, OSError):
-            _discard(smtp)
-            return None
-        return smtp
-
-    def _reset_or_discard(self, smtp: smtplib.SMTP) -> None:
-        """After a refused transaction the connection is still good once RSET succeeds."""
-        try:
-            smtp.rset()
-        except (smtplib.SMTPException, OSError):
-            _discard(smtp)
-        else:
-            self._give_back(smtp)
-
 
 def _refuse_line_breaks(values: Iterable[tuple[str, str]]) -> None:
     """Raise a permanent DeliveryError naming the first ``(name, value)`` that holds a control
@@ -472,22 +465,15 @@ def _mark_cc(snapshot: list[dict[str, Any]], cc_only: set[str]) -> None:
             entry["role"] = "cc"
 
 
-class _Refused(Exception):
-    """Every recipient was refused; carries the classified DeliveryError."""
-
-    def __init__(self, error: DeliveryError) -> None:
-        self.error = error
-
-
 def _all_refused(refused: list[dict[str, Any]]) -> DeliveryError:
     """Every recipient was refused at RCPT TO: the class of the refusal. All with 5xx is the
     server's definitive refusal of every recipient (RFC 5321 §4.2.1); otherwise the first 4xx
     reply decides (a rate limit, a greylisting, a temporary problem), so the message is retried."""
-    detail = "; ".join(f"{r['target']} ({r['smtp_code']} {r['error']})" for r in refused)
-    codes = sorted({r["smtp_code"] for r in refused})
-    temporary = [r for r in refused if not 500 <= r["smtp_code"] < 600]
+    detail = "; ".join(f"{r['target']} ({r.get('smtp_code')} {r.get('error', '')})" for r in refused)
+    codes = sorted({r.get("smtp_code") or 0 for r in refused})
+    temporary = [r for r in refused if not 500 <= (r.get("smtp_code") or 0) < 600]
     if temporary:
-        failure_class = _reply_class(temporary[0]["smtp_code"], temporary[0]["error"], stage="RCPT TO")
+        failure_class = _reply_class(temporary[0].get("smtp_code") or 0, temporary[0].get("error", ""), stage="RCPT TO")
     else:
         failure_class = FailureClass.RECIPIENT_REJECTED
     return DeliveryError(
@@ -623,19 +609,6 @@ def _timed_out(exc: BaseException) -> bool:
     return False
 
 
-def _step(method: Callable[..., tuple[int, bytes]], stage: str, *args: Any) -> tuple[int, bytes]:
-    """Call one SMTP command; a failure is tagged with the stage it happened at."""
-    try:
-        return method(*args)
-    except (smtplib.SMTPException, OSError) as exc:
-        raise _staged(exc, stage) from exc
-
-
-def _staged(exc: Exception, stage: str) -> Exception:
-    exc.stage = stage  # type: ignore[attr-defined]  # smtplib's exceptions have no slot for it
-    return exc
-
-
 def _text(value: bytes | str) -> str:
     """A server's reply as text fit to store and show: undecodable bytes replaced, and control
     characters other than TAB and LF (a NUL, an escape sequence) written as ``\\xNN``. A remote
@@ -668,6 +641,298 @@ def _local_hostname() -> str:
     if time.monotonic() - started > 1 or not name:
         return "localhost"
     return name
+
+
+# A recipient whose message was handed over this many times without an answer is not sent it
+# again without an operator's Retry: at most this many copies from unanswered hand-overs.
+UNANSWERED_HANDOVERS_MAX = 2
+
+
+@dataclass
+class _Plan:
+    """Who one delivery sends to, and how the earlier outcomes stand (``targets_owed``)."""
+
+    members: list[str]  # list members this attempt sends to
+    cc_only: list[str]  # Cc addresses (not members) this attempt sends to
+    all_members: list[str]  # every member the notification goes to (the To: of mode "to")
+    cc_all: list[str]  # every Cc address that is not a member
+    kept: list[dict[str, Any]] = field(default_factory=list)  # earlier outcomes that stand
+    order: list[str] = field(default_factory=list)  # every target, lower-cased, in recorded order
+    unanswered: dict[str, int] = field(default_factory=dict)  # earlier unanswered hand-overs, by target
+
+    @classmethod
+    def make(cls, notification: Notification, targets: list[str], content: EmailContent) -> "_Plan":
+        earlier = targets_owed(notification)
+        if earlier is None:
+            members = _without_repeats(targets)
+            keys = {member.lower() for member in members}
+            cc_all = [address for address in content.cc if address.lower() not in keys]
+            order = [target.lower() for target in [*members, *cc_all]]
+            return cls(
+                members=members, cc_only=_without_repeats(cc_all), all_members=members, cc_all=cc_all, order=order
+            )
+        kept, owed = earlier
+        recorded = notification.resolved_targets
+        return cls(
+            members=[entry["target"] for entry in owed if entry.get("role") != "cc"],
+            cc_only=[entry["target"] for entry in owed if entry.get("role") == "cc"],
+            all_members=[entry["target"] for entry in recorded if entry.get("role") != "cc"],
+            cc_all=[entry["target"] for entry in recorded if entry.get("role") == "cc"],
+            kept=kept,
+            order=[entry["target"].lower() for entry in recorded],
+            unanswered={entry["target"].lower(): int(entry.get("unanswered") or 0) for entry in owed},
+        )
+
+    def merge(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The complete snapshot: the kept outcomes and this attempt's, in the recorded order."""
+        position = {target: index for index, target in enumerate(self.order)}
+        merged = [*self.kept, *entries]
+        return sorted(merged, key=lambda entry: position.get(entry["target"].lower(), len(position)))
+
+
+class _Line:
+    """The connection one delivery uses: taken from the pool, replaced at most once when lost
+    (a pooled connection the server had closed before we spoke is replaced freely), given back
+    at the end."""
+
+    def __init__(self, session: EmailSession) -> None:
+        self.session = session
+        self.smtp: smtplib.SMTP | None = None
+        self.reused = False
+        self.first_reused = False
+        self._pooled = True
+        self._replacements = 1
+        self._stopped: DeliveryError | None = None
+
+    def get(self) -> smtplib.SMTP:
+        """The connection; a DeliveryError when none can be had."""
+        if self.smtp is not None:
+            return self.smtp
+        if self._stopped is not None:
+            raise self._stopped
+        try:
+            if self._pooled:
+                self._pooled = False
+                self.smtp, self.reused = self.session._take()
+                self.first_reused = self.reused
+            else:
+                self.smtp, self.reused = self.session._connect(), False
+        except (smtplib.SMTPException, OSError) as exc:
+            self._stopped = classify(exc, stage="connect")
+            raise self._stopped from exc
+        return self.smtp
+
+    def lose(self, failure: DeliveryError | None = None, *, replace_free: bool = False) -> None:
+        if self.smtp is not None:
+            _discard(self.smtp)
+            self.smtp = None
+        self.reused = False
+        if replace_free:
+            return
+        if self._replacements == 0:
+            self._stopped = DeliveryError(
+                f"not sent: the connection was lost twice ({failure.message if failure else 'connection lost'})",
+                failure_class=failure.failure_class if failure else FailureClass.CONNECTION,
+                detail=failure.detail if failure else {},
+            )
+        else:
+            self._replacements -= 1
+
+    def reset(self) -> None:
+        """After a refused or failed transaction: RSET, or a new connection next time."""
+        if self.smtp is None:
+            return
+        try:
+            self.smtp.rset()
+        except (smtplib.SMTPException, OSError):
+            _discard(self.smtp)
+            self.smtp = None
+
+    def release(self) -> None:
+        if self.smtp is not None:
+            self.session._give_back(self.smtp)
+            self.smtp = None
+
+    def abandon(self) -> None:
+        if self.smtp is not None:
+            _discard(self.smtp)
+            self.smtp = None
+
+
+@dataclass
+class _Transaction:
+    """What one SMTP transaction did: an entry per target it handled, the targets the server
+    took no more of (``leftover``), the failure that kept any from having it, and the state of
+    the connection (``broken``: lost; ``stale``: lost before the server heard a command;
+    ``needs_reset``: usable after RSET)."""
+
+    entries: list[dict[str, Any]]
+    failure: DeliveryError | None = None
+    broken: bool = False
+    stale: bool = False
+    needs_reset: bool = False
+    leftover: list[str] = field(default_factory=list)
+    accepted: int = 0
+    reply: tuple[int, str] | None = None
+
+
+def _entry(target: str, outcome: str, *, code: int | None = None, error: str = "") -> dict[str, Any]:
+    entry: dict[str, Any] = {"target": target, "outcome": str(outcome)}
+    if code is not None:
+        entry["smtp_code"] = code
+    if error:
+        entry["error"] = error
+    return entry
+
+
+def _failed(targets: Iterable[str], failure: DeliveryError) -> list[dict[str, Any]]:
+    """Targets a transaction failure kept from the message before it was handed over: owed."""
+    code = failure.detail.get("smtp_code")
+    return [_entry(target, TargetOutcome.DEFERRED, code=code, error=failure.message) for target in targets]
+
+
+def _answered(targets: Iterable[str], code: int, reply: bytes | str) -> list[dict[str, Any]]:
+    """Targets whose message the server answered with ``code`` at DATA: 5xx refuses it for
+    good, anything else defers it."""
+    outcome = TargetOutcome.REFUSED if 500 <= code < 600 else TargetOutcome.DEFERRED
+    return [_entry(target, outcome, code=code, error=_text(reply)) for target in targets]
+
+
+def _unanswered(targets: Iterable[str], failure: DeliveryError, earlier: dict[str, int]) -> list[dict[str, Any]]:
+    """Targets whose message was handed over without an answer: ambiguous, or unknown once it
+    happened UNANSWERED_HANDOVERS_MAX times."""
+    entries = []
+    for target in targets:
+        count = earlier.get(target.lower(), 0) + 1
+        outcome = TargetOutcome.UNKNOWN if count >= UNANSWERED_HANDOVERS_MAX else TargetOutcome.AMBIGUOUS
+        entry = _entry(target, outcome, error=failure.message)
+        entry["unanswered"] = count
+        entries.append(entry)
+    return entries
+
+
+def _too_many_recipients(code: int, text: str) -> bool:
+    """The server's recipient limit for one transaction (RFC 5321 §4.5.3.1.10: 452, or a 552
+    from older servers, e.g. Postfix's ``452 4.5.3 Error: too many recipients``)."""
+    if code not in (452, 552):
+        return False
+    enhanced = _ENHANCED_STATUS.match(text)
+    if enhanced and (enhanced.group(2), enhanced.group(3)) == ("5", "3"):
+        return True
+    return "too many recipients" in text.lower()
+
+
+def _dot_stuffed(message: bytes) -> bytes:
+    """The message as sent after DATA: leading dots doubled, CRLF-terminated, then the final dot."""
+    stuffed = re.sub(rb"(?m)^\.", b"..", message)
+    if not stuffed.endswith(b"\r\n"):
+        stuffed += b"\r\n"
+    return stuffed + b".\r\n"
+
+
+def _recipients_text(entries: Iterable[dict[str, Any]]) -> str:
+    return "; ".join(
+        f"{entry['target']} ({entry.get('smtp_code') or entry['outcome']} {entry.get('error', '')})".replace(" )", ")")
+        for entry in entries
+    )
+
+
+def _shape(
+    *,
+    snapshot: list[dict[str, Any]],
+    new: list[dict[str, Any]],
+    failures: list[DeliveryError],
+    detail: dict[str, Any],
+    reply: tuple[int, str] | None,
+) -> DeliveryResult:
+    """The attempt's result from every recipient's outcome (raises DeliveryError unless every
+    recipient has accepted or refused it for good, and one has accepted it)."""
+    outcomes = [target_outcome(entry) for entry in snapshot]
+    delivered = outcomes.count(TargetOutcome.DELIVERED)
+    total = len(snapshot)
+    owed = [entry for entry, outcome in zip(snapshot, outcomes, strict=True) if outcome in OWED_OUTCOMES]
+    unknown = [entry for entry, outcome in zip(snapshot, outcomes, strict=True) if outcome == TargetOutcome.UNKNOWN]
+    new_outcomes = [target_outcome(entry) for entry in new]
+    detail.update(
+        accepted=new_outcomes.count(TargetOutcome.DELIVERED),
+        refused=new_outcomes.count(TargetOutcome.REFUSED),
+        deferred=new_outcomes.count(TargetOutcome.DEFERRED),
+        unanswered=new_outcomes.count(TargetOutcome.AMBIGUOUS) + new_outcomes.count(TargetOutcome.UNKNOWN),
+    )
+    if reply is not None:
+        detail["smtp_code"], detail["smtp_reply"] = reply
+    ambiguous = [failure for failure in failures if failure.ambiguous]
+    lead = ambiguous[0] if ambiguous else (failures[0] if failures else None)
+    if not owed and not unknown:
+        if delivered:
+            return DeliveryResult(targets=snapshot, warning=_warning(snapshot)[:2000], detail=detail)
+        # Every recipient refused it for good.
+        if lead is not None:
+            raise DeliveryError(
+                lead.message, failure_class=lead.failure_class, detail={**detail, **lead.detail}, targets=snapshot
+            )
+        error = _all_refused(snapshot)
+        error.detail = {**detail, **error.detail}
+        raise error
+    if not owed:
+        raise DeliveryError(
+            (
+                f"Delivered to {delivered} of {total} recipients; {len(unknown)} may have it: the server never "
+                f"answered after the whole message was sent, {UNANSWERED_HANDOVERS_MAX} times (the same Message-ID "
+                f"each time). Check the relay's log before a Retry. Last: {lead.message if lead else 'no answer'}"
+            )[:2000],
+            failure_class=lead.failure_class if lead else FailureClass.CONNECTION,
+            detail={**detail, **(lead.detail if lead else {})},
+            targets=snapshot,
+            ambiguous=bool(ambiguous),
+            outcome_unknown=True,
+        )
+    if lead is not None:
+        failure_class, reason, extra = lead.failure_class, lead.message, lead.detail
+    else:
+        deferred = [entry for entry in owed if entry.get("smtp_code")]
+        if delivered == 0:
+            error = _all_refused(owed)
+            error.detail = {**detail, **error.detail}
+            error.targets = snapshot
+            raise error
+        # Some recipients have it, so the channel works; the rest were refused for now.
+        accepted_now = TargetOutcome.DELIVERED in new_outcomes
+        failure_class = (
+            FailureClass.PROVIDER_ERROR
+            if accepted_now or not deferred
+            else _reply_class(int(deferred[0]["smtp_code"]), str(deferred[0].get("error", "")), stage="RCPT TO")
+        )
+        reason, extra = f"refused for now: {_recipients_text(owed)}", {"stage": "RCPT TO"}
+    message = reason
+    if delivered:
+        message = f"Delivered to {delivered} of {total} recipients; {len(owed)} still owed it (retried): {reason}"
+    raise DeliveryError(
+        message[:2000],
+        failure_class=failure_class,
+        detail={**detail, **extra},
+        targets=snapshot,
+        ambiguous=bool(ambiguous),
+    )
+
+
+def _warning(snapshot: list[dict[str, Any]]) -> str:
+    """The ``last_error`` of a delivered notification: who refused it, and who may have a
+    second copy."""
+    parts = []
+    refused = [entry for entry in snapshot if target_outcome(entry) == TargetOutcome.REFUSED]
+    if refused:
+        delivered = len(snapshot) - len(refused)
+        parts.append(f"Delivered to {delivered} of {len(snapshot)} recipients; refused: {_recipients_text(refused)}")
+    twice = [
+        entry for entry in snapshot if target_outcome(entry) == TargetOutcome.DELIVERED and entry.get("unanswered")
+    ]
+    if twice:
+        parts.append(
+            f"{len(twice)} recipient(s) may have a second copy (same Message-ID): an earlier attempt got no answer "
+            "after the whole message was sent"
+        )
+    return "; ".join(parts)
 
 
 def email_send_test(*, config: SmtpConfiguration, to: str) -> DeliveryResult:

@@ -7,6 +7,7 @@ import os
 import re
 
 import pytest
+from django.utils import timezone
 
 from notifications.models import EmailRecipient, Notification, NotificationList
 from tests.dispatch.conftest import fresh, queue, run_pass
@@ -117,7 +118,7 @@ def test_individual_mode_records_each_members_own_outcome(smtp_server, smtp_conf
     assert "Delivered to 2 of 3 recipients" in notification.last_error and "bo@example.com" in notification.last_error
 
 
-def test_individual_mode_goes_on_after_one_member_is_deferred_at_data(smtp_server, smtp_config, crew):
+def test_individual_mode_retries_only_the_member_deferred_at_data(smtp_server, smtp_config, crew):
     crew.recipient_mode = NotificationList.RecipientMode.INDIVIDUAL
     crew.save()
     smtp_server.behave("4xx", only_for={"ada@example.com"})
@@ -126,26 +127,45 @@ def test_individual_mode_goes_on_after_one_member_is_deferred_at_data(smtp_serve
     notification = fresh(notification)
     outcomes = {t["target"]: (t["outcome"], t["smtp_code"]) for t in notification.resolved_targets}
     assert outcomes == {
-        "ada@example.com": ("refused", 451),
+        "ada@example.com": ("deferred", 451),
         "bo@example.com": ("delivered", 250),
         "cy@example.com": ("delivered", 250),
     }
-    # Two members have it: retrying the notification would send it to them a second time.
-    assert notification.status == Status.DELIVERED and notification.next_attempt_at is None
+    # Delivered only once every member has it or refused it for good.
+    assert notification.status == Status.RETRYING
+    assert "Delivered to 2 of 3 recipients; 1 still owed it" in notification.last_error
+
+    smtp_server.behave("accept")
+    Notification.objects.filter(pk=notification.pk).update(next_attempt_at=timezone.now())
+    run_pass()
+    notification = fresh(notification)
+    assert notification.status == Status.DELIVERED and notification.last_error == ""
+    assert {t["outcome"] for t in notification.resolved_targets} == {"delivered"}
+    # The retry went to ada alone: bo and cy have exactly one copy each.
+    assert sorted(r.rcpt_tos[0] for r in smtp_server.received) == [*MEMBERS]
 
 
-def test_individual_mode_replaces_a_lost_connection_once_and_sends_nobody_a_second_copy(smtp_server, smtp_config, crew):
+def test_individual_mode_sends_a_member_whose_answer_was_lost_one_more_copy_later(smtp_server, smtp_config, crew):
     crew.recipient_mode = NotificationList.RecipientMode.INDIVIDUAL
     crew.save()
     smtp_server.behave("drop", only_for={"bo@example.com"})
     (notification,) = queue(list_name="Crew")
     run_pass()
     notification = fresh(notification)
-    assert notification.status == Status.DELIVERED
+    assert notification.status == Status.RETRYING
     outcomes = {t["target"]: t["outcome"] for t in notification.resolved_targets}
-    assert outcomes == {"ada@example.com": "delivered", "bo@example.com": "failed", "cy@example.com": "delivered"}
+    assert outcomes == {"ada@example.com": "delivered", "bo@example.com": "ambiguous", "cy@example.com": "delivered"}
     assert "may have accepted it" in notification.last_error
+    assert notification.attempts.get().outcome == "ambiguous"
     assert sorted(r.rcpt_tos[0] for r in smtp_server.received) == ["ada@example.com", "cy@example.com"]
+
+    smtp_server.behave("accept")
+    Notification.objects.filter(pk=notification.pk).update(next_attempt_at=timezone.now())
+    run_pass()
+    notification = fresh(notification)
+    assert notification.status == Status.DELIVERED
+    assert "1 recipient(s) may have a second copy" in notification.last_error
+    assert sorted(r.rcpt_tos[0] for r in smtp_server.received) == MEMBERS
 
 
 def test_individual_mode_with_every_member_refused_with_5xx_parks(smtp_server, smtp_config, crew):

@@ -165,15 +165,20 @@ def test_every_recipient_refused_with_4xx_is_retried(smtp_server, smtp_config):
     assert fresh(notification).status == Status.RETRYING
 
 
-def test_server_hanging_past_the_timeout_is_a_channel_failure(smtp_server, smtp_config):
-    configure_smtp(smtp_server, timeout_seconds=1)
+def test_server_hanging_after_the_message_past_the_data_timeout_is_an_ambiguous_channel_failure(
+    smtp_server, smtp_config
+):
+    configure_smtp(smtp_server, timeout_seconds=1, data_timeout_seconds=1)
     smtp_server.behave("hang", hang_seconds=10)
     (notification,) = queue()
     run_pass()
     notification = fresh(notification)
     assert notification.status == Status.RETRYING
-    assert "timed out" in notification.last_error
-    assert notification.attempts.get().duration_ms >= 900
+    assert "timed out at end of data" in notification.last_error and "may have accepted it" in notification.last_error
+    attempt = notification.attempts.get()
+    assert (attempt.outcome, attempt.failure_class) == ("ambiguous", "timeout")
+    assert attempt.duration_ms >= 900
+    assert {t["outcome"] for t in notification.resolved_targets} == {"ambiguous"}
 
 
 def test_server_that_never_greets_times_out_as_a_channel_failure(db):

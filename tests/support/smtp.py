@@ -6,6 +6,7 @@
         smtp.behave("refuse", refuse={"b@x.org"})   # 550 for those recipients at RCPT TO
         smtp.behave("hang", hang_seconds=30)         # never answers DATA
         smtp.behave("drop")                          # closes the connection at DATA
+        smtp.behave("queue_drop")                    # keeps the message, then closes without a reply
         smtp.behave("accept", delay_seconds=0.05)    # accepts, slowly
         smtp.poison_marker = "POISON"                # accepts those with a NUL in the 250 reply
         smtp.behave("drop", only_for={"b@x.org"})    # 4xx/5xx/hang/drop only for messages to those
@@ -16,6 +17,9 @@
         smtp.wait_for(3)                             # three messages received (or fails)
         smtp.count_by_notification_id()             # Counter of X-Notification-Id values
         smtp.accepted_times                          # monotonic time of every accepted message
+        smtp.rcpt_limit = 50                         # 452 4.5.3 for the 51st RCPT TO of a transaction
+        smtp.greylist = {"b@x.org"}                  # 450 4.7.1 at its first RCPT TO, accepted after
+        smtp.copies_by_recipient()                  # Counter: messages received per envelope recipient
 
 Options: ``security="starttls"`` or ``"tls"`` (a self-signed certificate for 127.0.0.1 whose
 file is ``smtp.ca_file``: point SSL_CERT_FILE at it), ``auth=("user", "password")`` (a failed
@@ -54,7 +58,8 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from tests.support.processes import free_port
 
-MODES = ("accept", "4xx", "5xx", "refuse", "hang", "drop", "mail", "throttle", "fail_first")
+MODES = ("accept", "4xx", "5xx", "refuse", "hang", "drop", "queue_drop", "mail", "throttle", "fail_first")
+TOO_MANY_RECIPIENTS_REPLY = "452 4.5.3 Error: too many recipients"  # Postfix's words
 THROTTLE_REPLY = "421 4.7.0 Too many messages, slow down"
 ID_HEADER = re.compile(rb"^X-Notification-Id:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 
@@ -85,8 +90,18 @@ class _Handler:
 
     async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: list[str]) -> str:
         owner = self.server
+        if owner.rcpt_limit and len(envelope.rcpt_tos) >= owner.rcpt_limit:
+            with owner._lock:
+                owner.too_many += 1
+            return TOO_MANY_RECIPIENTS_REPLY
         if owner.mode == "refuse" and address.lower() in owner.refuse:
             return f"{owner.refuse_code} mailbox unavailable"
+        with owner._lock:
+            greylisted = address.lower() in owner.greylist and address.lower() not in owner.greylisted
+            if greylisted:
+                owner.greylisted.add(address.lower())
+        if greylisted:
+            return f"450 4.7.1 <{address}>: Recipient address rejected: Greylisted, try again later"
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -105,6 +120,11 @@ class _Handler:
         if mode == "drop":
             server.transport.abort()
             await asyncio.sleep(3600)  # cancelled when aiosmtpd notices the lost connection
+        if mode == "queue_drop":
+            # A relay that queued the message and lost the connection before it could say so.
+            owner._record(envelope)
+            server.transport.abort()
+            await asyncio.sleep(3600)
         if owner.delay_seconds:
             await asyncio.sleep(owner.delay_seconds)
         if mode == "fail_first":
@@ -156,6 +176,10 @@ class SmtpServer:
         self.throttle_window = 1.0
         self.throttled = 0  # messages refused by the throttle
         self.auth_failure_reply: str | None = None  # None: aiosmtpd's 535
+        self.rcpt_limit = 0  # most recipients in one transaction (0: no limit)
+        self.too_many = 0  # RCPT TO answered 452 4.5.3
+        self.greylist: set[str] = set()  # refused with 450 4.7.1 the first time, lower-case
+        self.greylisted: set[str] = set()  # those refused once already
         self.accepted_times: list[float] = []
         self.deferred: collections.Counter[str | None] = collections.Counter()  # by mode fail_first
         self.received: list[Received] = []
@@ -259,6 +283,11 @@ class SmtpServer:
             most = max(most, end - start + 1)
         return most
 
+    def copies_by_recipient(self) -> collections.Counter[str]:
+        """Messages received per envelope recipient (lower-case)."""
+        with self._lock:
+            return collections.Counter(address.lower() for item in self.received for address in item.rcpt_tos)
+
     def count_by_notification_id(self) -> collections.Counter[str | None]:
         with self._lock:
             return collections.Counter(self.ids)
@@ -281,6 +310,8 @@ class SmtpServer:
             self.accepted_times.clear()
             self.deferred.clear()
             self.throttled = 0
+            self.too_many = 0
+            self.greylisted.clear()
 
     # --- life cycle -----------------------------------------------------------------------
 
