@@ -150,6 +150,27 @@ class StatusRecordSerializer(serializers.Serializer):
     last_attempt_at = serializers.DateTimeField(allow_null=True)
     next_attempt_at = serializers.DateTimeField(allow_null=True)
     delivered_at = serializers.DateTimeField(allow_null=True)
+    delivery_summary = serializers.CharField(
+        allow_blank=True,
+        help_text='Per-target outcome in words, e.g. "delivered to 118 of 120, 2 refused (550)"; empty until an '
+        "attempt recorded outcomes.",
+    )
+    target_counts = inline_serializer(
+        "TargetCounts",
+        {
+            "total": serializers.IntegerField(),
+            "delivered": serializers.IntegerField(help_text="Accepted: never sent again."),
+            "refused": serializers.IntegerField(help_text="Refused for good (SMTP 5xx): never sent again."),
+            "deferred": serializers.IntegerField(help_text="Refused for now or not reached: retried."),
+            "ambiguous": serializers.IntegerField(
+                help_text="Handed over without an answer: retried once with the same Message-ID."
+            ),
+            "unknown": serializers.IntegerField(help_text="Handed over twice without an answer: not retried."),
+            "refused_codes": serializers.ListField(child=serializers.IntegerField()),
+        },
+        allow_null=True,
+        help_text="Targets by outcome; null until an attempt recorded outcomes.",
+    )
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         return notification_status_record(instance)

@@ -28,6 +28,7 @@ SMTP_FIELDS = {
     "password": str,
     "from_address": str,
     "timeout_seconds": int,
+    "data_timeout_seconds": int,
     "max_retries": int,
     "retry_interval_seconds": int,
 }
@@ -62,7 +63,7 @@ def _validate_smtp(smtp: Any, problems: list[str]) -> None:
         problems.append(f"smtp.security: {smtp['security']!r} is not one of {allowed}.")
     if isinstance(smtp.get("port"), int) and not 1 <= smtp["port"] <= 65535:
         problems.append(f"smtp.port: {smtp['port']} is not between 1 and 65535.")
-    for name in ("timeout_seconds", "retry_interval_seconds"):
+    for name in ("timeout_seconds", "data_timeout_seconds", "retry_interval_seconds"):
         if isinstance(smtp.get(name), int) and smtp[name] < 1:
             problems.append(f"smtp.{name}: must be at least 1.")
     if isinstance(smtp.get("max_retries"), int) and smtp["max_retries"] < 0:

@@ -25,6 +25,7 @@ from django.db import transaction
 
 from notifications import db
 from notifications.adapters import ADAPTER_PATHS
+from notifications.adapters.base import targets_summary
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
 from notifications.models import Notification
@@ -424,4 +425,15 @@ def notification_status_record(notification: Any) -> dict[str, Any]:
         "last_attempt_at": _iso(notification.last_attempt_at),
         "next_attempt_at": _iso(notification.next_attempt_at),
         "delivered_at": _iso(notification.delivered_at),
+        **_targets_record(getattr(notification, "resolved_targets", None)),
     }
+
+
+def _targets_record(entries: Any) -> dict[str, Any]:
+    """``delivery_summary`` ("delivered to 118 of 120, 2 refused (550)"; empty until an attempt
+    recorded outcomes) and ``target_counts`` (the counts by outcome, or None)."""
+    summary = targets_summary(entries)
+    if summary is None:
+        return {"delivery_summary": "", "target_counts": None}
+    text = summary.pop("text")
+    return {"delivery_summary": text, "target_counts": summary}

@@ -238,6 +238,7 @@ class SmtpConfiguration(models.Model):
     timeout_seconds = models.PositiveIntegerField(default=10)
     data_timeout_seconds = models.PositiveIntegerField(
         default=600,
+        validators=[MinValueValidator(1)],
         help_text=(
             "How long to wait for the server's answer once the whole message is sent. Giving up "
             "earlier leaves its outcome unknown (it may have been accepted) and the retry can make "

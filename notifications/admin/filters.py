@@ -74,6 +74,23 @@ class StuckFilter(admin.SimpleListFilter):
         return queryset
 
 
+class DeliveryFilter(admin.SimpleListFilter):
+    """Rows by how their targets stand: delivered partially (some refused it for good), or still
+    owed to some targets while others have it."""
+
+    title = "targets"
+    parameter_name = "targets"
+    PARTIAL = "partial"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(self.PARTIAL, "Delivered partially (some refused it for good)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == self.PARTIAL:
+            return queryset.filter(status=Status.DELIVERED, targets_refused__gt=0)
+        return queryset
+
+
 class TypeFilter(admin.SimpleListFilter):
     title = "type"
     parameter_name = "type"

@@ -26,9 +26,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from notifications import db
+from notifications.adapters.base import targets_summary
 from notifications.admin.common import json_block, missing_object_redirect
 from notifications.admin.filters import (
     CreatedRangeFilter,
+    DeliveryFilter,
     ListNameFilter,
     SourceSiteFilter,
     StatusFilter,
@@ -146,7 +148,15 @@ class NotificationAdmin(admin.ModelAdmin):
         "last_error_excerpt",
     )
     list_display_links = ("short_id",)
-    list_filter = (StatusFilter, StuckFilter, TypeFilter, SourceSiteFilter, ListNameFilter, CreatedRangeFilter)
+    list_filter = (
+        StatusFilter,
+        DeliveryFilter,
+        StuckFilter,
+        TypeFilter,
+        SourceSiteFilter,
+        ListNameFilter,
+        CreatedRangeFilter,
+    )
     search_fields = ("subject",)
     search_help_text = "Words in the subject (all must match), or a full notification id."
     sortable_by = ("created_column",)  # the only order with an index behind it
@@ -167,6 +177,7 @@ class NotificationAdmin(admin.ModelAdmin):
                     "retry_count",
                     "channel_failures",
                     "last_error",
+                    "delivery_summary_display",
                     "resolved_targets_display",
                     "type_data_display",
                     "last_attempt_at",
@@ -281,6 +292,11 @@ class NotificationAdmin(admin.ModelAdmin):
         return format_html('<span title="{}">{}…</span>', text[:1000], text[:60])
 
     # --- detail fields
+
+    @admin.display(description="targets")
+    def delivery_summary_display(self, obj: Notification) -> str:
+        summary = targets_summary(obj.resolved_targets)
+        return summary["text"] if summary else "—"
 
     @admin.display(description="resolved targets")
     def resolved_targets_display(self, obj: Notification) -> str:

@@ -35,6 +35,7 @@ class SmtpConfigurationForm(forms.ModelForm):
             "password",
             "from_address",
             "timeout_seconds",
+            "data_timeout_seconds",
             "max_retries",
             "retry_interval_seconds",
         ]
@@ -66,7 +67,7 @@ class SendTestForm(forms.Form):
 class SmtpConfigurationAdmin(admin.ModelAdmin):
     form = SmtpConfigurationForm
     fieldsets = (
-        ("Server", {"fields": ("host", "port", "security", "timeout_seconds")}),
+        ("Server", {"fields": ("host", "port", "security", "timeout_seconds", "data_timeout_seconds")}),
         ("Authentication", {"fields": ("username", "password", "clear_password")}),
         ("Messages", {"fields": ("from_address",)}),
         (

@@ -223,6 +223,7 @@ def smtp_form(**overrides):
         "port": "587",
         "security": "starttls",
         "timeout_seconds": "10",
+        "data_timeout_seconds": "600",
         "username": "outbox",
         "password": "",
         "from_address": "outbox@example.com",
@@ -248,6 +249,18 @@ def test_smtp_password_is_never_shown_and_blank_keeps_it(admin_client_, smtp_con
     assert admin_client_.post(url, smtp_form(timeout_seconds="30")).status_code == 302
     smtp_config.refresh_from_db()
     assert (smtp_config.timeout_seconds, smtp_config.password) == (30, "s3cret-pw")
+
+
+def test_the_wait_after_the_message_is_set_apart_from_the_other_timeouts(admin_client_, smtp_config):
+    url = reverse("admin:notifications_smtpconfiguration_change", args=[smtp_config.pk])
+    assert smtp_config.data_timeout_seconds == 600  # RFC 5321's ten minutes by default
+    assert 'name="data_timeout_seconds"' in admin_client_.get(url).content.decode()
+    refused = admin_client_.post(url, smtp_form(data_timeout_seconds="0"))
+    assert refused.status_code == 200
+    assert "data_timeout_seconds" in refused.context["adminform"].form.errors
+    assert admin_client_.post(url, smtp_form(data_timeout_seconds="900")).status_code == 302
+    smtp_config.refresh_from_db()
+    assert (smtp_config.timeout_seconds, smtp_config.data_timeout_seconds) == (10, 900)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ CONFIG = {
         "password": "s3cret",
         "from_address": "outbox@example.com",
         "timeout_seconds": 10,
+        "data_timeout_seconds": 900,
         "max_retries": 10,
         "retry_interval_seconds": 60,
     },
@@ -174,6 +175,14 @@ def test_import_of_a_missing_or_malformed_file_is_a_clear_error(db, tmp_path):
         run("outbox_config", "import", str(tmp_path / "missing.json"))
     with pytest.raises(CommandError, match="not valid JSON"):
         run("outbox_config", "import", write(tmp_path, "{nope"))
+
+
+def test_an_import_with_a_data_timeout_below_one_second_is_refused_naming_the_field(db, tmp_path):
+    bad = json.loads(json.dumps(CONFIG))
+    bad["smtp"]["data_timeout_seconds"] = 0
+    with pytest.raises(CommandError, match=r"smtp\.data_timeout_seconds: must be at least 1"):
+        run("outbox_config", "import", write(tmp_path, bad))
+    assert not SmtpConfiguration.objects.exists()
 
 
 def test_an_import_moving_the_smtp_server_without_a_password_is_refused_and_changes_nothing(db, tmp_path):

@@ -21,7 +21,7 @@ _n = itertools.count()
 NOW = timezone.now()
 
 
-def make(status, *, age, site="plant-a", delivered_ago=None, expired=False):
+def make(status, *, age, site="plant-a", delivered_ago=None, expired=False, targets_refused=0):
     n = next(_n)
     created = NOW - age
     row = Notification.objects.create(
@@ -35,6 +35,7 @@ def make(status, *, age, site="plant-a", delivered_ago=None, expired=False):
         status=status,
         delivered_at=None if delivered_ago is None else NOW - delivered_ago,
         expired_at=NOW if expired else None,
+        targets_refused=targets_refused,
         fingerprint=hashlib.sha256(str(n).encode()).hexdigest(),
     )
     DeliveryAttempt.objects.create(notification=row, outcome="success")
@@ -106,6 +107,15 @@ def crafted(db, settings):
     make(Status.PENDING, age=timedelta(minutes=11), site="plant-b")  # stuck
     make(Status.PARKED, age=timedelta(days=1), site="plant-b", expired=True)
     make(Status.DELIVERED, age=timedelta(days=9), site="plant-c", delivered_ago=timedelta(days=9))
+    # Delivered partially (a recipient refused it for good): within the interval, and before it.
+    make(
+        Status.DELIVERED,
+        age=timedelta(minutes=9),
+        site="plant-b",
+        delivered_ago=timedelta(minutes=8),
+        targets_refused=2,
+    )
+    make(Status.DELIVERED, age=timedelta(days=2), site="plant-b", delivered_ago=timedelta(days=2), targets_refused=1)
     # Failed attempts: two within the interval, one before it.
     retrying = Notification.objects.get(status=Status.RETRYING)
     for failure_class, ago in (("connection", 5), ("connection", 50), ("auth", 61)):
@@ -127,7 +137,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
         "stuck": 2,
         "parked": 2,
         "expired": 1,
-        "delivered_last_interval": 1,
+        "delivered_last_interval": 2,
+        "partially_delivered_last_interval": 1,
         "oldest_pending_age_seconds": 1800.0,
         "failures_last_interval": {**NO_FAILURES, "connection": 2},
     }
@@ -138,6 +149,7 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "parked": 1,
             "expired": 0,
             "delivered_last_interval": 1,
+            "partially_delivered_last_interval": 0,
             "oldest_pending_age_seconds": 1800.0,
         },
         "plant-b": {
@@ -145,7 +157,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "stuck": 1,
             "parked": 1,
             "expired": 1,
-            "delivered_last_interval": 0,
+            "delivered_last_interval": 1,
+            "partially_delivered_last_interval": 1,
             "oldest_pending_age_seconds": 660.0,
         },
     }
@@ -188,6 +201,7 @@ def test_kpis_of_an_empty_table_have_no_oldest_age(db):
         "parked": 0,
         "expired": 0,
         "delivered_last_interval": 0,
+        "partially_delivered_last_interval": 0,
         "oldest_pending_age_seconds": None,
         "failures_last_interval": NO_FAILURES,
     }
