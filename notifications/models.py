@@ -141,7 +141,7 @@ class DeliveryAttempt(models.Model):
         TRANSIENT = "transient"
         PERMANENT = "permanent"
         # The message was handed over (the final dot sent) and the relay's answer never came:
-        # the relay may hold it. Retried with the same Message-ID (docs/guarantees.md).
+        # the relay may hold it. Retried with the same Message-ID (docs/recipients.md).
         AMBIGUOUS = "ambiguous"
 
     notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="attempts")

@@ -46,8 +46,7 @@ HEALTHY_FAILURES = frozenset(
 
 
 class TargetOutcome(models.TextChoices):
-    """What happened to one target, as ``resolved_targets`` records it (docs/architecture.md,
-    "Per-recipient delivery state")."""
+    """What happened to one target, as ``resolved_targets`` records it (docs/recipients.md)."""
 
     DELIVERED = "delivered", "delivered"  # accepted by the server: never sent again
     REFUSED = "refused", "refused"  # refused for good (e.g. SMTP 5xx): never sent again

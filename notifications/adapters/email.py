@@ -4,8 +4,7 @@ Django's SMTP backend reports only "sent" or an exception, and loses which recip
 server refused; the audit snapshot (``resolved_targets``) needs every recipient's outcome, so
 this adapter speaks the transaction itself: MAIL FROM, one RCPT TO per recipient, DATA.
 
-Every recipient has an outcome of its own (docs/architecture.md, "Per-recipient delivery
-state"): accepted, refused for good (5xx), deferred (4xx, or not reached: sent again by a later
+Every recipient has an outcome of its own (docs/recipients.md): accepted, refused for good (5xx), deferred (4xx, or not reached: sent again by a later
 attempt, alone), or ambiguous (the message was handed over and the answer lost: sent again once,
 with the same Message-ID). A server that takes no more recipients in one transaction
 (``452 4.5.3``) gets the rest in the next transaction of the same attempt.

@@ -1,7 +1,6 @@
 """Per-recipient delivery state and ambiguous outcomes, against a real SMTP server on loopback
 (aiosmtpd): a relay's recipient limit, greylisting, a connection lost after the message was
-handed over, a slow answer to the end of the message (docs/architecture.md, "Per-recipient
-delivery state"; docs/guarantees.md)."""
+handed over, a slow answer to the end of the message (docs/recipients.md)."""
 
 import time
 
