@@ -58,7 +58,8 @@ class Notification(models.Model):
     resolved_targets = models.JSONField(default=list, blank=True)
     # Targets of resolved_targets that refused it for good: a Delivered row with any was
     # delivered partially (a KPI and a console filter; kept beside the JSON so both are cheap).
-    targets_refused = models.PositiveIntegerField(default=0)
+    # (A database default too: rows inserted with SQL that predates the column stay valid.)
+    targets_refused = models.PositiveIntegerField(default=0, db_default=0)
 
     # Provenance. The site id is a plain string stamped from the credential, not a foreign
     # key: the audit row must outlive the Site record.
