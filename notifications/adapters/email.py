@@ -656,7 +656,7 @@ class _Plan:
     all_members: list[str]  # every member the notification goes to (the To: of mode "to")
     cc_all: list[str]  # every Cc address that is not a member
     kept: list[dict[str, Any]] = field(default_factory=list)  # earlier outcomes that stand
-    order: list[str] = field(default_factory=list)  # every target, lower-cased, in recorded order
+    order: list[str] | None = None  # every target in recorded order (None: as sent, members first)
     unanswered: dict[str, int] = field(default_factory=dict)  # earlier unanswered hand-overs, by target
 
     @classmethod
@@ -665,11 +665,8 @@ class _Plan:
         if earlier is None:
             members = _without_repeats(targets)
             keys = {member.lower() for member in members}
-            cc_all = [address for address in content.cc if address.lower() not in keys]
-            order = [target.lower() for target in [*members, *cc_all]]
-            return cls(
-                members=members, cc_only=_without_repeats(cc_all), all_members=members, cc_all=cc_all, order=order
-            )
+            cc_all = [address for address in content.cc if address.lower() not in keys] if content.cc else []
+            return cls(members=members, cc_only=_without_repeats(cc_all), all_members=members, cc_all=cc_all)
         kept, owed = earlier
         recorded = notification.resolved_targets
         return cls(
@@ -678,13 +675,17 @@ class _Plan:
             all_members=[entry["target"] for entry in recorded if entry.get("role") != "cc"],
             cc_all=[entry["target"] for entry in recorded if entry.get("role") == "cc"],
             kept=kept,
-            order=[entry["target"].lower() for entry in recorded],
+            order=[entry["target"] for entry in recorded],
             unanswered={entry["target"].lower(): int(entry.get("unanswered") or 0) for entry in owed},
         )
 
     def merge(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The complete snapshot: the kept outcomes and this attempt's, in the recorded order."""
-        position = {target: index for index, target in enumerate(self.order)}
+        """The complete snapshot: the kept outcomes and this attempt's, in the recorded order
+        (or, on a first delivery, members then Cc addresses, as sent)."""
+        if self.order is None and all(entry["outcome"] == TargetOutcome.DELIVERED for entry in entries):
+            return entries  # the common case: every recipient accepted, in the order sent
+        order = self.order if self.order is not None else [*self.members, *self.cc_only]
+        position = {target.lower(): index for index, target in enumerate(order)}
         merged = [*self.kept, *entries]
         return sorted(merged, key=lambda entry: position.get(entry["target"].lower(), len(position)))
 
@@ -836,6 +837,9 @@ def _recipients_text(entries: Iterable[dict[str, Any]]) -> str:
     )
 
 
+_OUTCOMES = tuple(TargetOutcome.values)
+
+
 def _shape(
     *,
     snapshot: list[dict[str, Any]],
@@ -846,20 +850,29 @@ def _shape(
 ) -> DeliveryResult:
     """The attempt's result from every recipient's outcome (raises DeliveryError unless every
     recipient has accepted or refused it for good, and one has accepted it)."""
-    outcomes = [target_outcome(entry) for entry in snapshot]
-    delivered = outcomes.count(TargetOutcome.DELIVERED)
-    total = len(snapshot)
-    owed = [entry for entry, outcome in zip(snapshot, outcomes, strict=True) if outcome in OWED_OUTCOMES]
-    unknown = [entry for entry, outcome in zip(snapshot, outcomes, strict=True) if outcome == TargetOutcome.UNKNOWN]
-    new_outcomes = [target_outcome(entry) for entry in new]
+    counts = dict.fromkeys(_OUTCOMES, 0)
+    for entry in snapshot:
+        outcome = target_outcome(entry)
+        if outcome in counts:
+            counts[outcome] += 1
+    delivered, total = counts[TargetOutcome.DELIVERED], len(snapshot)
+    new_counts = dict.fromkeys(_OUTCOMES, 0)
+    for entry in new:
+        new_counts[entry["outcome"]] += 1
     detail.update(
-        accepted=new_outcomes.count(TargetOutcome.DELIVERED),
-        refused=new_outcomes.count(TargetOutcome.REFUSED),
-        deferred=new_outcomes.count(TargetOutcome.DEFERRED),
-        unanswered=new_outcomes.count(TargetOutcome.AMBIGUOUS) + new_outcomes.count(TargetOutcome.UNKNOWN),
+        accepted=new_counts[TargetOutcome.DELIVERED],
+        refused=new_counts[TargetOutcome.REFUSED],
+        deferred=new_counts[TargetOutcome.DEFERRED],
+        unanswered=new_counts[TargetOutcome.AMBIGUOUS] + new_counts[TargetOutcome.UNKNOWN],
     )
     if reply is not None:
         detail["smtp_code"], detail["smtp_reply"] = reply
+    if total and delivered == total:
+        # The common case: every recipient accepted it.
+        warning = _warning(snapshot) if any("unanswered" in entry for entry in snapshot) else ""
+        return DeliveryResult(targets=snapshot, warning=warning[:2000], detail=detail)
+    owed = [entry for entry in snapshot if target_outcome(entry) in OWED_OUTCOMES]
+    unknown = [entry for entry in snapshot if target_outcome(entry) == TargetOutcome.UNKNOWN]
     ambiguous = [failure for failure in failures if failure.ambiguous]
     lead = ambiguous[0] if ambiguous else (failures[0] if failures else None)
     if not owed and not unknown:
@@ -896,7 +909,7 @@ def _shape(
             error.targets = snapshot
             raise error
         # Some recipients have it, so the channel works; the rest were refused for now.
-        accepted_now = TargetOutcome.DELIVERED in new_outcomes
+        accepted_now = new_counts[TargetOutcome.DELIVERED] > 0
         failure_class = (
             FailureClass.PROVIDER_ERROR
             if accepted_now or not deferred

@@ -92,25 +92,49 @@ def test_a_greylisted_recipient_is_retried_alone_and_the_row_is_delivered_only_t
     assert list(notification.attempts.values_list("outcome", flat=True)) == ["transient", "success"]
 
 
-def test_a_recipient_deferred_until_the_attempts_are_used_up_parks_and_an_operator_retry_sends_to_it_alone(
+def test_a_recipient_deferred_until_the_attempts_are_used_up_parks_and_an_operator_retry_skips_the_accepted(
     smtp_server, smtp_config, operators_list
 ):
-    smtp_server.behave("refuse", refuse={"op2@example.com"}, refuse_code=451)
+    EmailRecipient.objects.create(notification_list=operators_list, email="op3@example.com")
+    smtp_server.greylist = {"op2@example.com"}
+    smtp_server.behave("refuse", refuse={"op3@example.com"}, refuse_code=550)
     (notification,) = queue()
-    for _ in range(3):
+    run_pass()
+    # op3 is refused for good; op2 stays deferred until the attempts run out.
+    smtp_server.behave("refuse", refuse={"op2@example.com"}, refuse_code=451)
+    for _ in range(2):
         make_due(notification)
         run_pass()
     notification = fresh(notification)
     assert notification.status == Status.PARKED
-    assert notification.last_error.startswith("Retries exhausted (3 failed attempts): Delivered to 1 of 2 recipients")
+    assert [t["outcome"] for t in notification.resolved_targets] == ["delivered", "deferred", "refused"]
+    assert notification.last_error.startswith("Retries exhausted (3 failed attempts): Delivered to 1 of 3 recipients")
     assert smtp_server.copies_by_recipient() == {"op1@example.com": 1}
 
+    # The operator's Retry sends to everyone who has not accepted it, and never to who has.
     smtp_server.behave("accept")
     assert notification_retry(notification_ids=[notification.pk], user=None).changed == 1
     run_pass()
     notification = fresh(notification)
     assert notification.status == Status.DELIVERED
-    assert smtp_server.copies_by_recipient() == {"op1@example.com": 1, "op2@example.com": 1}
+    assert smtp_server.copies_by_recipient() == {"op1@example.com": 1, "op2@example.com": 1, "op3@example.com": 1}
+
+
+def test_a_deferred_recipient_refused_for_good_on_its_retry_leaves_the_row_delivered_partially(
+    smtp_server, smtp_config, operators_list
+):
+    EmailRecipient.objects.create(notification_list=operators_list, email="op3@example.com")
+    smtp_server.behave("refuse", refuse={"op2@example.com"}, refuse_code=451)
+    (notification,) = queue()
+    run_pass()
+    smtp_server.behave("refuse", refuse={"op2@example.com", "op3@example.com"}, refuse_code=550)
+    Notification.objects.filter(pk=notification.pk).update(next_attempt_at=timezone.now())
+    run_pass()
+    notification = fresh(notification)
+    # op1 and op3 had it after the first attempt; op2 is now refused for good.
+    assert notification.status == Status.DELIVERED and notification.targets_refused == 1
+    assert [t["outcome"] for t in notification.resolved_targets] == ["delivered", "refused", "delivered"]
+    assert smtp_server.copies_by_recipient() == {"op1@example.com": 1, "op3@example.com": 1}
 
 
 def test_a_recipient_refused_for_good_is_never_retried_and_the_row_is_delivered_partially(
