@@ -230,3 +230,31 @@ def test_the_wait_for_the_answer_never_outlives_the_delivery_deadline(smtp_serve
         assert 29 <= session._data_wait() <= 30
     with delivery_deadline(time.monotonic()):
         assert session._data_wait() == 2  # never below the other steps' timeout
+
+
+def test_individual_mode_sends_an_unanswered_cc_copy_again_alone_with_its_first_message_id(
+    smtp_server, smtp_config, operators_list
+):
+    operators_list.recipient_mode = NotificationList.RecipientMode.INDIVIDUAL
+    operators_list.save()
+    smtp_server.behave("queue_drop", only_for={"chief@example.com"})
+    (notification,) = queue(type_data={"cc": ["chief@example.com"]})
+    run_pass()
+    notification = fresh(notification)
+    assert notification.status == Status.RETRYING
+    outcomes = {t["target"]: (t["outcome"], t.get("role")) for t in notification.resolved_targets}
+    assert outcomes == {
+        "op1@example.com": ("delivered", None),
+        "op2@example.com": ("delivered", None),
+        "chief@example.com": ("ambiguous", "cc"),
+    }
+    smtp_server.behave("accept")
+    make_due(notification)
+    run_pass()
+    notification = fresh(notification)
+    assert notification.status == Status.DELIVERED
+    assert smtp_server.copies_by_recipient() == {"op1@example.com": 1, "op2@example.com": 1, "chief@example.com": 2}
+    cc_ids = {r.message["Message-ID"] for r in smtp_server.received if r.rcpt_tos == ["chief@example.com"]}
+    assert len(cc_ids) == 1
+    member_ids = {r.message["Message-ID"] for r in smtp_server.received if r.rcpt_tos != ["chief@example.com"]}
+    assert len(member_ids) == 2 and not member_ids & cc_ids
