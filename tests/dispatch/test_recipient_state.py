@@ -54,6 +54,42 @@ def test_120_recipients_behind_a_limit_of_50_per_transaction_each_receive_it_exa
     assert (attempt.outcome, attempt.detail["accepted"]) == ("success", 120)
 
 
+def test_an_older_servers_552_for_too_many_recipients_also_splits_the_transaction(
+    smtp_server, smtp_config, hundred_twenty
+):
+    smtp_server.rcpt_limit = 50
+    smtp_server.too_many_reply = "552 5.5.3 Too many recipients"
+    (notification,) = queue(list_name="Everyone")
+    run_pass()
+    assert fresh(notification).status == Status.DELIVERED
+    assert [len(received.rcpt_tos) for received in smtp_server.received] == [50, 50, 20]
+    assert smtp_server.copies_by_recipient() == dict.fromkeys(hundred_twenty, 1)
+
+
+def test_recipients_a_full_server_defers_are_sent_by_later_attempts_each_exactly_once(
+    smtp_server, smtp_config, hundred_twenty
+):
+    # "Insufficient storage" is not a recipient limit: the rest wait for the next attempt.
+    smtp_server.rcpt_limit = 50
+    smtp_server.too_many_reply = "452 4.3.1 Insufficient system storage"
+    (notification,) = queue(list_name="Everyone")
+    run_pass()
+    notification = fresh(notification)
+    assert notification.status == Status.RETRYING
+    assert [t["outcome"] for t in notification.resolved_targets].count("deferred") == 70
+    assert notification.last_error.startswith(
+        "Transient failure (provider_error, attempt 1 of 3): Delivered to 50 of 120 recipients; 70 still owed it"
+    )
+    for _ in range(2):
+        make_due(notification)
+        run_pass()
+    notification = fresh(notification)
+    assert notification.status == Status.DELIVERED
+    assert [len(received.rcpt_tos) for received in smtp_server.received] == [50, 50, 20]
+    assert smtp_server.copies_by_recipient() == dict.fromkeys(hundred_twenty, 1)
+    assert list(notification.attempts.values_list("outcome", flat=True)) == ["transient", "transient", "success"]
+
+
 def test_a_greylisted_recipient_is_retried_alone_and_the_row_is_delivered_only_then(
     smtp_server, smtp_config, operators_list
 ):

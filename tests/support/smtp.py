@@ -18,6 +18,7 @@
         smtp.count_by_notification_id()             # Counter of X-Notification-Id values
         smtp.accepted_times                          # monotonic time of every accepted message
         smtp.rcpt_limit = 50                         # 452 4.5.3 for the 51st RCPT TO of a transaction
+        smtp.too_many_reply = "552 5.5.3 Too many"   # … or this reply instead
         smtp.greylist = {"b@x.org"}                  # 450 4.7.1 at its first RCPT TO, accepted after
         smtp.copies_by_recipient()                  # Counter: messages received per envelope recipient
 
@@ -93,7 +94,7 @@ class _Handler:
         if owner.rcpt_limit and len(envelope.rcpt_tos) >= owner.rcpt_limit:
             with owner._lock:
                 owner.too_many += 1
-            return TOO_MANY_RECIPIENTS_REPLY
+            return owner.too_many_reply
         if owner.mode == "refuse" and address.lower() in owner.refuse:
             return f"{owner.refuse_code} mailbox unavailable"
         with owner._lock:
@@ -177,6 +178,7 @@ class SmtpServer:
         self.throttled = 0  # messages refused by the throttle
         self.auth_failure_reply: str | None = None  # None: aiosmtpd's 535
         self.rcpt_limit = 0  # most recipients in one transaction (0: no limit)
+        self.too_many_reply = TOO_MANY_RECIPIENTS_REPLY  # the answer to one more
         self.too_many = 0  # RCPT TO answered 452 4.5.3
         self.greylist: set[str] = set()  # refused with 450 4.7.1 the first time, lower-case
         self.greylisted: set[str] = set()  # those refused once already
