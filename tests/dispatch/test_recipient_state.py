@@ -259,6 +259,25 @@ def test_a_slow_answer_to_the_message_within_the_data_timeout_is_one_copy_delive
     assert notification.attempts.get().duration_ms >= 2400
 
 
+def test_the_dispatcher_ends_the_wait_for_the_answer_before_its_claim_runs_out(
+    smtp_server, operators_list, settings, db
+):
+    # A 4 s lease: the wait for the answer ends with the lease's last tenth, not after ten
+    # minutes (another dispatcher could then claim the row and send it again meanwhile).
+    settings.OUTBOX_LEASE_SECONDS = 4
+    configure_smtp(smtp_server, timeout_seconds=1, data_timeout_seconds=600)
+    smtp_server.behave("accept", delay_seconds=8)
+    (notification,) = queue()
+    started = time.monotonic()
+    run_pass()
+    assert time.monotonic() - started < 4
+    notification = fresh(notification)
+    assert notification.status == Status.RETRYING and notification.claimed_by == ""
+    attempt = notification.attempts.get()
+    assert (attempt.outcome, attempt.failure_class) == ("ambiguous", "timeout")
+    assert 3000 <= attempt.duration_ms < 4000
+
+
 def test_the_wait_for_the_answer_never_outlives_the_delivery_deadline(smtp_server, smtp_config):
     session = EmailSession(configure_smtp(smtp_server, timeout_seconds=2, data_timeout_seconds=600))
     assert session._data_wait() == 600
