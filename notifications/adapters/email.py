@@ -42,6 +42,7 @@ from notifications.adapters.base import (
     FailureClass,
     Session,
     TargetOutcome,
+    delivery_deadline,
     delivery_time_left,
     target_outcome,
     targets_owed,
@@ -54,6 +55,7 @@ from notifications.models import EmailRecipient, Notification, RecipientMode, Sm
 
 TEST_SUBJECT = "Outbox SMTP test"
 TEST_BODY = "This is a test message from the Outbox administration console."
+TEST_ANSWER_WAIT_SECONDS = 60
 
 
 class EmailTargets(list[str]):
@@ -954,6 +956,9 @@ def email_send_test(*, config: SmtpConfiguration, to: str) -> DeliveryResult:
     message = Notification(notification_id=uuid.uuid4(), subject=TEST_SUBJECT, body=TEST_BODY)
     session = EmailSession(config)
     try:
-        return session.deliver(message, EmailTargets([to], recipient_mode=RecipientMode.TO))
+        # A person waits for the answer in the console: the wait after the message is bounded
+        # by TEST_ANSWER_WAIT_SECONDS rather than data_timeout_seconds.
+        with delivery_deadline(time.monotonic() + TEST_ANSWER_WAIT_SECONDS):
+            return session.deliver(message, EmailTargets([to], recipient_mode=RecipientMode.TO))
     finally:
         session.close()

@@ -7,7 +7,8 @@ import time
 import pytest
 from django.utils import timezone
 
-from notifications.adapters.base import delivery_deadline
+from notifications.adapters import email as email_adapter
+from notifications.adapters.base import DeliveryError, delivery_deadline
 from notifications.adapters.email import EmailSession
 from notifications.models import DeliveryAttempt, EmailRecipient, Notification, NotificationList
 from notifications.operations import notification_retry
@@ -313,3 +314,14 @@ def test_individual_mode_sends_an_unanswered_cc_copy_again_alone_with_its_first_
     assert len(cc_ids) == 1
     member_ids = {r.message["Message-ID"] for r in smtp_server.received if r.rcpt_tos != ["chief@example.com"]}
     assert len(member_ids) == 2 and not member_ids & cc_ids
+
+
+def test_send_test_email_waits_for_the_answer_no_longer_than_a_person_would(smtp_server, smtp_config, monkeypatch):
+    monkeypatch.setattr(email_adapter, "TEST_ANSWER_WAIT_SECONDS", 1)
+    config = configure_smtp(smtp_server, timeout_seconds=1, data_timeout_seconds=600)
+    smtp_server.behave("accept", delay_seconds=4)
+    started = time.monotonic()
+    with pytest.raises(DeliveryError) as caught:
+        email_adapter.email_send_test(config=config, to="op1@example.com")
+    assert time.monotonic() - started < 3
+    assert caught.value.ambiguous and caught.value.failure_class == "timeout"
