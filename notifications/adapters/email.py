@@ -889,10 +889,11 @@ def _shape(
         error.detail = {**detail, **error.detail}
         raise error
     if not owed:
+        times = max(int(entry.get("unanswered") or UNANSWERED_HANDOVERS_MAX) for entry in unknown)
         raise DeliveryError(
             (
                 f"Delivered to {delivered} of {total} recipients; {len(unknown)} may have it: the server never "
-                f"answered after the whole message was sent, {UNANSWERED_HANDOVERS_MAX} times (the same Message-ID "
+                f"answered after the whole message was sent, {times} times (the same Message-ID "
                 f"each time). Check the relay's log before a Retry. Last: {lead.message if lead else 'no answer'}"
             )[:2000],
             failure_class=lead.failure_class if lead else FailureClass.CONNECTION,

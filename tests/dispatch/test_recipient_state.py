@@ -207,6 +207,7 @@ def test_a_connection_lost_after_the_message_makes_at_most_two_copies_and_parks_
     assert message_id == f"<{notification.notification_id}@example.com>"
     assert notification.status == Status.PARKED
     assert notification.last_error.startswith("Outcome unknown (connection; the relay may have accepted it): ")
+    assert "the server never answered after the whole message was sent, 2 times" in notification.last_error
     assert "exhausted" not in notification.last_error
     assert {t["outcome"] for t in notification.resolved_targets} == {"unknown"}
     assert list(notification.attempts.values_list("outcome", flat=True)) == ["ambiguous", "ambiguous"]
