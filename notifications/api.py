@@ -138,6 +138,14 @@ def _notification_in_fields() -> dict[str, serializers.Field]:
 NotificationInSerializer = inline_serializer("NotificationIn", _notification_in_fields())
 
 
+class TargetSerializer(serializers.Serializer):
+    channel = serializers.CharField()
+    target = serializers.CharField(help_text="Secrets masked.")
+    outcome = serializers.ChoiceField(choices=["delivered", "refused", "failed", "not sent"])
+    provider_status = serializers.CharField(allow_null=True)
+    provider_status_at = serializers.DateTimeField(required=False)
+
+
 class StatusRecordSerializer(serializers.Serializer):
     notification_id = serializers.UUIDField()
     type = serializers.CharField()
@@ -150,6 +158,7 @@ class StatusRecordSerializer(serializers.Serializer):
     last_attempt_at = serializers.DateTimeField(allow_null=True)
     next_attempt_at = serializers.DateTimeField(allow_null=True)
     delivered_at = serializers.DateTimeField(allow_null=True)
+    targets = TargetSerializer(many=True, help_text="Per target: its outcome and, for SMS, the provider's status.")
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         return notification_status_record(instance)

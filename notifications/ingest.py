@@ -25,9 +25,11 @@ from django.db import transaction
 
 from notifications import db
 from notifications.adapters import ADAPTER_PATHS
+from notifications.channel_targets import teams_type_data_validate
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
 from notifications.models import Notification
+from notifications.providers import notification_targets
 from notifications.trigger import dispatch_request
 
 DEFAULT_TYPE = "email"
@@ -39,6 +41,7 @@ INSERT_CHUNK = 500
 # have a bound of their own, OUTBOX_MAX_ATTACHMENT_BYTES).
 TYPE_DATA_VALIDATORS: dict[str, Callable[[Mapping[str, Any]], dict[str, list[str]]]] = {
     "email": email_type_data_validate,
+    "teams": teams_type_data_validate,
 }
 TYPE_DATA_MEASURED: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "email": email_type_data_measured,
@@ -424,4 +427,5 @@ def notification_status_record(notification: Any) -> dict[str, Any]:
         "last_attempt_at": _iso(notification.last_attempt_at),
         "next_attempt_at": _iso(notification.next_attempt_at),
         "delivered_at": _iso(notification.delivered_at),
+        "targets": notification_targets(notification),
     }

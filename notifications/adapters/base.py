@@ -57,7 +57,9 @@ class DeliveryResult:
 
 
 class DeliveryError(Exception):
-    """A failed delivery of the class ``failure_class`` (a :class:`FailureClass` value)."""
+    """A failed delivery of the class ``failure_class`` (a :class:`FailureClass` value).
+    ``retry_after``: seconds the receiver asked us to wait (an HTTP ``Retry-After``); a retry
+    is then due no sooner than that."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class DeliveryError(Exception):
         failure_class: str,
         detail: dict[str, Any] | None = None,
         targets: list[dict[str, Any]] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         if failure_class not in FailureClass.values:
             raise ValueError(f"unknown failure class {failure_class!r}")
@@ -74,6 +77,7 @@ class DeliveryError(Exception):
         self.failure_class = str(failure_class)
         self.detail = detail or {}
         self.targets = targets or []
+        self.retry_after = retry_after
 
 
 class Adapter:

@@ -43,7 +43,9 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "last_attempt_at",
         "next_attempt_at",
         "delivered_at",
+        "targets",
     }
+    assert record["targets"] == []  # resolved at delivery time
     row = Notification.objects.get(pk=payload["notification_id"])
     assert row.source_site_id == "plant-a"
     assert row.subject == payload["subject"]
