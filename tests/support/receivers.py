@@ -9,6 +9,7 @@ repeats); unscripted paths answer 200 (Teams: 202, like Workflows).
 """
 
 import base64
+import collections
 import json
 import secrets
 import threading
@@ -52,7 +53,7 @@ class Receiver:
 
     default_status = 200
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.received: list[Received] = []
         self._scripts: dict[str, list[Reply]] = {}
         self._lock = threading.Lock()
@@ -93,10 +94,9 @@ class Receiver:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._handler = Handler
+        self.port = port
+        self.server: ThreadingHTTPServer | None = None
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -124,12 +124,31 @@ class Receiver:
         return [record for record in self.received if record.path == path]
 
     def start(self) -> Self:
-        self._thread.start()
+        """Listen (again: a stopped receiver comes back on the same port)."""
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        """Stop listening: new connections are refused until :meth:`start`."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def count_by_notification_id(self) -> "collections.Counter[str | None]":
+        """Requests received per ``webhook-id`` header (only those that verified, where the
+        receiver verifies signatures)."""
+        with self._lock:
+            return collections.Counter(
+                record.headers.get("webhook-id") for record in self.received if record.verified is not False
+            )
+
+    def reset(self) -> None:
+        with self._lock:
+            self.received.clear()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -164,8 +183,8 @@ class WebhookReceiver(Receiver):
     """Verifies every request with ``standardwebhooks`` under the path's secret, as a real
     receiver does; a request that does not verify is answered 401."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, port: int = 0) -> None:
+        super().__init__(port)
         self.secrets: dict[str, str] = {}
 
     def handle(self, record: Received) -> Reply:
