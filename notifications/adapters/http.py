@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 
 import httpx
@@ -182,7 +182,6 @@ def _entry(channel: str, target: Target, outcome: TargetOutcome) -> dict[str, An
         "ref": target.ref,
         "outcome": outcome.outcome,
         "detail": outcome.detail[:500],
-        "at": datetime.now(UTC).isoformat(),
     }
     if outcome.failure_class:
         entry["failure_class"] = outcome.failure_class
