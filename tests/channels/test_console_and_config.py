@@ -290,3 +290,30 @@ def test_ingest_refuses_malformed_teams_facts_naming_the_field(api, facts):
     response = api.post("/api/v1/notifications/", make_payload(type="teams", type_data={"facts": facts}), format="json")
     assert response.status_code == 400
     assert "type_data.facts" in json.dumps(response.json())
+
+
+# --- system checks --------------------------------------------------------------------------
+
+
+def test_the_system_check_warns_when_lists_hold_numbers_but_sms_is_not_configured(channel_list):
+    from notifications.checks import check_channels
+
+    assert check_channels() == []
+    SmsTarget.objects.create(notification_list=channel_list, phone_number="+4930123456")
+    (warning,) = check_channels()
+    assert warning.id == "outbox.W011"
+    assert "auth_token" in warning.msg and "Channel configuration" in str(warning.hint)
+    configuration_import(data={"channels": FILE["channels"]})
+    assert check_channels() == []
+
+
+def test_the_system_check_reports_channel_secrets_the_keys_cannot_decrypt(channel_list, settings):
+    from notifications.checks import check_channels
+
+    WebhookTarget.objects.create(
+        notification_list=channel_list, url="https://h.example.com/", secret=new_webhook_secret()
+    )
+    settings.OUTBOX_SECRET_KEYS = ["a-key-that-did-not-encrypt-it"]
+    (error,) = check_channels()
+    assert error.id == "outbox.E011"
+    assert "OUTBOX_SECRET_KEYS" in error.msg
