@@ -25,14 +25,29 @@ def _field_check(form: forms.ModelForm, name: str, problem: str | None) -> None:
 
 
 class TeamsTargetForm(forms.ModelForm):
-    url = forms.CharField(max_length=2000, label="Workflows URL", widget=forms.TextInput(attrs={"size": 80}))
+    url = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Workflows URL",
+        widget=forms.PasswordInput(render_value=False, attrs={"size": 60, "autocomplete": "off"}),
+        help_text="Write-only (its query carries the workflow's signature). Leave blank to keep the stored URL.",
+    )
 
     class Meta:
         model = TeamsTarget
         fields = ("url",)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial["url"] = ""
+
     def clean_url(self) -> str:
-        url = self.cleaned_data["url"].strip()
+        url = (self.cleaned_data.get("url") or "").strip()
+        if not url:
+            stored = TeamsTarget.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+            if stored is None:
+                raise forms.ValidationError("A Workflows URL is required.")
+            return stored.url
         problem = http_url_problem(url, what="The Workflows URL")
         if problem:
             raise forms.ValidationError(problem)
@@ -43,7 +58,13 @@ class TeamsTargetInline(admin.TabularInline):
     model = TeamsTarget
     form = TeamsTargetForm
     extra = 0
+    fields = ("masked", "url")
+    readonly_fields = ("masked",)
     verbose_name_plural = "Teams targets (Workflows webhook URLs)"
+
+    @admin.display(description="stored URL (masked)")
+    def masked(self, obj: TeamsTarget) -> str:
+        return url_masked(obj.url) if obj.url else "—"
 
 
 class WebhookTargetForm(forms.ModelForm):
