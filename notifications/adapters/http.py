@@ -23,6 +23,7 @@ from datetime import UTC
 from typing import Any
 
 import httpx
+from django.conf import settings
 
 from notifications.adapters.base import DeliveryError, DeliveryResult, FailureClass, Session
 from notifications.channel_targets import Target
@@ -146,6 +147,10 @@ class TargetsSession(Session):
         raise NotImplementedError
 
     def deliver(self, notification: Notification, targets: list[str]) -> DeliveryResult:
+        # Targets are sent one after another; a list of many slow receivers must not outlast
+        # the row's claim (another worker could then take it and send again), so targets not
+        # reached within a quarter of the lease wait for the next attempt.
+        deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS / 4
         previous = _previous_outcomes(notification)
         retry_refused = notification.status == Notification.Status.PENDING
         snapshot: list[dict[str, Any]] = []
@@ -162,7 +167,12 @@ class TargetsSession(Session):
             ):
                 snapshot.append(before)  # already done: never sent twice
                 continue
-            outcome = self.send_one(notification, target)
+            if time.monotonic() > deadline:
+                outcome = TargetOutcome(
+                    "failed", "Not attempted: this attempt ran out of time on earlier targets.", FailureClass.TIMEOUT
+                )
+            else:
+                outcome = self.send_one(notification, target)
             fresh.append(outcome)
             snapshot.append(_entry(self.channel, target, outcome))
         # Targets delivered earlier but no longer in the list stay in the audit snapshot.

@@ -193,3 +193,22 @@ def test_the_secret_is_stored_encrypted(channel_list, webhook_receiver):
         (stored,) = cursor.fetchone()
     assert stored.startswith("fernet:") and secret not in stored
     assert json.dumps(WebhookTarget.objects.get().secret) == json.dumps(secret)
+
+
+def test_targets_not_reached_within_a_quarter_of_the_lease_wait_for_the_next_attempt(
+    channel_list, webhook_receiver, settings
+):
+    settings.OUTBOX_LEASE_SECONDS = 4  # a quarter: 1 s for all the targets of one notification
+    configure_channel("webhook", timeout_seconds=1)
+    add_hooks(channel_list, webhook_receiver, "/slow", "/later")
+    webhook_receiver.script("/slow", [Reply(200, delay=1.5), Reply(200)])
+    notification = queue_webhook()
+    run_pass()
+    notification = fresh(notification)
+    assert notification.status == Status.RETRYING
+    later = next(entry for entry in notification.resolved_targets if entry["target"].endswith("/later"))
+    assert later["outcome"] == "failed" and "ran out of time" in later["detail"]
+    assert [request.path for request in webhook_receiver.received] == ["/slow"]
+    make_due(notification)
+    run_pass()
+    assert fresh(notification).status == Status.DELIVERED
