@@ -15,9 +15,7 @@ is retried automatically (an operator's Retry, which makes the row Pending, trie
 """
 
 import email.utils
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
@@ -126,9 +124,6 @@ class HttpClient:
         self._client.close()
 
 
-SendOne = Callable[[Notification, Target], TargetOutcome]
-
-
 class TargetsSession(Session):
     """A session delivering each notification to each of its targets with ``send_one``, and
     turning the per-target outcomes into the notification's result (module docstring)."""
@@ -138,7 +133,6 @@ class TargetsSession(Session):
     def __init__(self, *, timeout: float) -> None:
         self.timeout = timeout
         self.http = HttpClient(timeout=timeout)
-        self._lock = threading.Lock()
 
     def close(self) -> None:
         self.http.close()
