@@ -20,8 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
 from notifications.list_names import notification_lists_by_name
+from notifications.secrets import SecretDecryptionError, secret_decrypt
 
 E164 = re.compile(r"^\+[1-9][0-9]{6,14}$")
 _http_url = URLValidator(schemes=["http", "https"])
@@ -34,12 +37,15 @@ class Target(str):
     address: str
     secret: str
     ref: str
+    undecryptable: bool
 
-    def __new__(cls, masked: str, *, address: str, secret: str = "") -> "Target":
+    def __new__(cls, masked: str, *, address: str, secret: str = "", undecryptable: bool = False) -> "Target":
         target = super().__new__(cls, masked)
         target.address = address
         target.secret = secret
-        target.ref = target_ref(address)
+        # The stored secret (or Apprise URL) does not decrypt with the configured keys.
+        target.undecryptable = undecryptable
+        target.ref = target_ref(address or masked)
         return target
 
 
@@ -200,9 +206,13 @@ def targets_resolve(*, channel: str, list_names: Iterable[str]) -> dict[str, lis
             ):
                 by_pk[list_id].append(Target(url_masked(url), address=url))
         elif channel == "webhook":
-            for hook in WebhookTarget.objects.filter(notification_list__in=list(by_pk)):
-                by_pk[hook.notification_list_id].append(
-                    Target(url_masked(hook.url), address=hook.url, secret=hook.secret)
+            rows = WebhookTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
+                "notification_list_id", "url", Cast("secret", TextField())
+            )
+            for list_id, url, stored in rows:
+                secret = _decrypted(stored)
+                by_pk[list_id].append(
+                    Target(url_masked(url), address=url, secret=secret or "", undecryptable=secret is None)
                 )
         elif channel == "sms":
             for list_id, number in SmsTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
@@ -210,8 +220,23 @@ def targets_resolve(*, channel: str, list_names: Iterable[str]) -> dict[str, lis
             ):
                 by_pk[list_id].append(Target(number, address=number))
         elif channel == "apprise":
-            for item in AppriseTarget.objects.filter(notification_list__in=list(by_pk)):
-                by_pk[item.notification_list_id].append(Target(item.display or "***", address=item.url))
+            services = AppriseTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
+                "notification_list_id", "display", Cast("url", TextField())
+            )
+            for list_id, display, stored in services:
+                service_url = _decrypted(stored)
+                by_pk[list_id].append(
+                    Target(display or "***", address=service_url or "", undecryptable=service_url is None)
+                )
         else:
             raise ValueError(f"no list targets for channel {channel!r}")
     return {name: by_pk[item.pk] for name, item in found.items()}
+
+
+def _decrypted(stored: str) -> str | None:
+    """The plaintext of a stored secret, or None when the configured keys cannot decrypt it
+    (that target is then refused with a message saying so; the others are delivered)."""
+    try:
+        return secret_decrypt(stored)
+    except SecretDecryptionError:
+        return None

@@ -161,7 +161,15 @@ class TargetsSession(Session):
             ):
                 snapshot.append(before)  # already done: never sent twice
                 continue
-            if time.monotonic() > deadline:
+            if target.undecryptable:
+                # Permanent until an administrator restores the old key or re-enters the secret.
+                outcome = TargetOutcome(
+                    "refused",
+                    "Its stored secret cannot be decrypted with the configured keys (OUTBOX_SECRET_KEYS / "
+                    "SECRET_KEY changed?): restore the old key as a second OUTBOX_SECRET_KEYS entry or re-enter it.",
+                    FailureClass.CONFIGURATION,
+                )
+            elif time.monotonic() > deadline:
                 outcome = TargetOutcome(
                     "failed", "Not attempted: this attempt ran out of time on earlier targets.", FailureClass.TIMEOUT
                 )

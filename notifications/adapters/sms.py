@@ -22,6 +22,7 @@ from notifications.adapters.http import TargetOutcome, TargetsSession, http_exce
 from notifications.backoff import RetryTiming
 from notifications.channel_targets import Target, targets_resolve
 from notifications.models import ChannelConfiguration, Notification
+from notifications.secrets import SecretDecryptionError
 
 # The GSM 03.38 alphabet: a text only of these is sent 7-bit (160 characters a segment);
 # anything else makes the whole text UCS-2 (70 UTF-16 units a segment).
@@ -119,14 +120,20 @@ class SmsAdapter(Adapter):
         return RetryTiming(strategy="exponential", interval_seconds=30, max_interval_seconds=3600, max_attempts=10)
 
     def endpoint(self) -> str | None:
-        config = ChannelConfiguration.objects.filter(channel=self.channel).first()
-        return None if config is None or not config.api_base else config.api_base
+        api_base = ChannelConfiguration.objects.filter(channel=self.channel).values_list("api_base", flat=True).first()
+        return api_base or None
 
     def resolve_targets(self, *, list_names: set[str]) -> dict[str, list[str]]:
         return targets_resolve(channel=self.channel, list_names=list_names)
 
     def open_session(self) -> "SmsSession":
-        config = ChannelConfiguration.objects.filter(channel=self.channel).first()
+        try:
+            config = ChannelConfiguration.objects.filter(channel=self.channel).first()
+        except SecretDecryptionError as exc:
+            # Fail closed, with the reason: the auth token is stored but unreadable.
+            raise DeliveryError(
+                f"The sms channel's auth token: {exc}", failure_class=FailureClass.CONFIGURATION
+            ) from None
         return SmsSession(config=config)
 
 

@@ -215,3 +215,24 @@ def test_sms_text_counts_gsm_and_unicode_segments():
     assert len(cut) == 70 and cut.endswith("…")
     # GSM extension characters take two septets: 78 of them and "..." fill 159 of 160.
     assert sms_text(subject="", body="€" * 100, max_segments=1) == "€" * 78 + "..."
+
+
+def test_an_auth_token_the_keys_cannot_decrypt_parks_sms_with_the_reason_and_other_channels_go_on(
+    channel_list, twilio, settings
+):
+    from notifications.models import WebhookTarget
+    from tests.support.receivers import WebhookReceiver, new_webhook_secret
+
+    configure_sms(twilio)
+    add_numbers(channel_list, ALICE)
+    settings.OUTBOX_SECRET_KEYS = ["a-new-key"]  # the token was encrypted under SECRET_KEY
+    with WebhookReceiver() as receiver:
+        WebhookTarget.objects.create(notification_list=channel_list, url=receiver.url(), secret=new_webhook_secret())
+        sms = queue_sms()
+        (hook,) = queue(type="webhook", list_name="Channels")
+        run_pass()
+        assert fresh(hook).status == Status.DELIVERED
+    sms = fresh(sms)
+    assert sms.status == Status.PARKED
+    assert "auth token" in sms.last_error and "cannot be decrypted" in sms.last_error
+    assert twilio.received == []

@@ -212,3 +212,18 @@ def test_targets_not_reached_within_a_quarter_of_the_lease_wait_for_the_next_att
     make_due(notification)
     run_pass()
     assert fresh(notification).status == Status.DELIVERED
+
+
+def test_a_secret_the_keys_cannot_decrypt_refuses_that_target_and_the_others_are_delivered(
+    channel_list, webhook_receiver, settings
+):
+    add_hooks(channel_list, webhook_receiver, "/old")
+    settings.OUTBOX_SECRET_KEYS = ["a-new-key"]  # /old's secret was encrypted under SECRET_KEY
+    add_hooks(channel_list, webhook_receiver, "/new")
+    notification = queue_webhook()
+    run_pass()
+    notification = fresh(notification)
+    assert notification.status == Status.DELIVERED
+    old = next(entry for entry in notification.resolved_targets if entry["target"].endswith("/old"))
+    assert old["outcome"] == "refused" and "cannot be decrypted" in old["detail"]
+    assert [request.path for request in webhook_receiver.received] == ["/new"]
