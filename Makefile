@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-pg bench bench-ingest bench-dispatch bench-console bench-agent chaos chaos-short check clean \
+.PHONY: help install run test test-pg bench bench-ingest bench-dispatch bench-console bench-agent bench-webhooks chaos chaos-short check clean \
         agent-dist test-agent-pythons
 
 help:
@@ -72,12 +72,16 @@ bench-agent: $(STAMP)
 bench-console: $(STAMP)
 	$(PY) bench/bench_console.py
 
+bench-webhooks: $(STAMP)
+	$(PY) bench/bench_webhooks.py
+
 # Every bench-* target runs even when an earlier one misses its target; the summary says.
 bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
 	-$(MAKE) --no-print-directory bench-dispatch
 	-$(MAKE) --no-print-directory bench-agent
 	-$(MAKE) --no-print-directory bench-console
+	-$(MAKE) --no-print-directory bench-webhooks
 	$(PY) bench/summary.py
 
 # The site agent: one-file zipapp and wheel in dist/ (standard library only, no venv needed).

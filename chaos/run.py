@@ -76,6 +76,7 @@ from notifications.models import (  # noqa: E402
     Notification,
     NotificationList,
     SmtpConfiguration,
+    WebhookTarget,
 )
 from notifications.operations import notification_discard, notification_retry  # noqa: E402
 from sites.agent import SiteOutbox  # noqa: E402
@@ -83,6 +84,7 @@ from sites.models import Site  # noqa: E402
 from sites.services import site_key_issue  # noqa: E402
 from tests.support.processes import Central, manage, poll, stop  # noqa: E402
 from tests.support.proxy import TcpProxy  # noqa: E402
+from tests.support.receivers import WebhookReceiver, new_webhook_secret  # noqa: E402
 from tests.support.smtp import SmtpServer  # noqa: E402
 
 Status = Notification.Status
@@ -198,9 +200,10 @@ def evaluate(
     rejected: int = 0,
     note: str = "",
     started: float,
-    smtp: SmtpServer | None = None,
+    smtp: SmtpServer | WebhookReceiver | None = None,
 ) -> dict[str, Any]:
-    """The scenario's result row; ``smtp``: the server that received (default: the world's)."""
+    """The scenario's result row; ``smtp``: the server that received (default: the world's SMTP
+    server; a webhook receiver counts what it received per ``webhook-id``)."""
     acked = set(acked)
     expected_parked = set(expected_parked)
     close_old_connections()
@@ -758,7 +761,7 @@ def scenario_poison_in_site_batch(world: World, tmp_dir: str) -> dict[str, Any]:
 # --- resilience: long outage, authentication failure, throttling relay -----------------------
 
 
-def in_flight(smtp: SmtpServer, ids: Iterable[str]) -> set[str]:
+def in_flight(smtp: SmtpServer | WebhookReceiver, ids: Iterable[str]) -> set[str]:
     """Ids the SMTP server has received but the table does not yet record Delivered: a message
     whose reply is lost when the server goes away now may be sent again."""
     close_old_connections()
@@ -931,6 +934,65 @@ def scenario_throttling_relay(world: World) -> dict[str, Any]:
     return result
 
 
+def scenario_webhook_down(world: World) -> dict[str, Any]:
+    """The webhook receiver is down for a while, then back: nothing lost, nothing parked."""
+    started = time.monotonic()
+    receiver = WebhookReceiver().start()
+    hooks = NotificationList.objects.create(name="Hooks")
+    secret = new_webhook_secret()
+    receiver.secrets["/hook"] = secret
+    WebhookTarget.objects.create(notification_list=hooks, url=receiver.url("/hook"), secret=secret)
+    DeliveryPolicy.objects.update_or_create(channel="webhook", defaults=CHAOS_POLICY)
+    world.start_dispatchers(2)
+    ids: list[str] = []
+    flight: set[str] = set()
+    opened: list[bool] = []
+
+    def down_and_back() -> None:
+        time.sleep(1)
+        flight.update(in_flight(receiver, ids))
+        receiver.stop()
+        time.sleep(6)
+        close_old_connections()
+        opened.append(
+            ChannelHealth.objects.filter(channel="webhook").exclude(state=ChannelHealth.State.CLOSED).exists()
+        )
+        receiver.start()
+        connection.close()
+
+    def make(notification_id: str) -> dict[str, Any]:
+        return {**notification(notification_id, list_name="Hooks"), "type": "webhook"}
+
+    ledger = Ledger()
+    load = LoadGenerator(
+        world.url, world.key, ledger, rate=40, duration=4 if world.short else 8, limit=320, make=make
+    ).start()
+    outage_thread = threading.Thread(target=down_and_back)
+    outage_thread.start()
+    load.join()
+    resend_until_acked(world.url, world.key, ledger, deadline_seconds=120)
+    ids += ledger.ids("ack")
+    outage_thread.join()
+    result = evaluate(
+        "webhook receiver down, then back (6 s)",
+        world,
+        acked=ids,
+        dup_bound=len(flight),
+        started=started,
+        smtp=receiver,
+    )
+    unverified = sum(1 for record in receiver.received if record.verified is not True)
+    result["note"] = (
+        f"channel open during the outage: {bool(opened and opened[0])}; {unverified} requests failed "
+        "signature verification; dup bound = requests in flight when the receiver stopped"
+    )
+    if unverified:
+        result["ok"] = False
+    world.stop_dispatchers()
+    receiver.stop()
+    return result
+
+
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "same-ids": scenario_same_ids,
     "web-kill": scenario_web_kill,
@@ -949,6 +1011,7 @@ SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "long-outage": scenario_long_outage,
     "auth-failure": scenario_auth_failure,
     "throttling-relay": scenario_throttling_relay,
+    "webhook-down": scenario_webhook_down,
 }
 # Scenarios that need the run's temporary directory (a site buffer).
 NEEDS_TMP_DIR = {"agent-link", "agent-standby", "poison-site-batch"}

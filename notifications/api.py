@@ -25,6 +25,7 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from notifications.adapters import TYPE_CHOICES
+from notifications.adapters.base import TargetOutcome
 from notifications.ingest import (
     ACCEPTED_FIELDS,
     DEFAULT_TYPE,
@@ -138,6 +139,14 @@ def _notification_in_fields() -> dict[str, serializers.Field]:
 NotificationInSerializer = inline_serializer("NotificationIn", _notification_in_fields())
 
 
+class TargetSerializer(serializers.Serializer):
+    channel = serializers.CharField()
+    target = serializers.CharField(help_text="Secrets masked.")
+    outcome = serializers.ChoiceField(choices=TargetOutcome.choices)
+    provider_status = serializers.CharField(allow_null=True)
+    provider_status_at = serializers.DateTimeField(required=False)
+
+
 class StatusRecordSerializer(serializers.Serializer):
     notification_id = serializers.UUIDField()
     type = serializers.CharField()
@@ -171,6 +180,7 @@ class StatusRecordSerializer(serializers.Serializer):
         allow_null=True,
         help_text="Targets by outcome; null until an attempt recorded outcomes.",
     )
+    targets = TargetSerializer(many=True, help_text="Per target: its outcome and, for SMS, the provider's status.")
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         return notification_status_record(instance)

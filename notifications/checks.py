@@ -59,3 +59,47 @@ def check_attachment_limit(app_configs: Sequence[AppConfig] | None = None, **kwa
             id="outbox.W002",
         )
     ]
+
+
+def check_channels(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """System checks of the channels beyond email (database tag): outbox.E011, a stored channel
+    secret (webhook secret, Apprise URL, SMS auth token) does not decrypt with the configured
+    keys; outbox.W011, lists hold SMS targets but the sms channel has no complete
+    configuration, so every SMS notification would park. Returns what was found."""
+    from notifications.channel_targets import channel_configuration_problems
+    from notifications.models import AppriseTarget, ChannelConfiguration, SmsTarget, WebhookTarget
+
+    found: list[CheckMessage] = []
+    try:
+        for model, field in ((WebhookTarget, "secret"), (AppriseTarget, "url"), (ChannelConfiguration, "auth_token")):
+            list(model.objects.values_list(field, flat=True))
+    except SecretDecryptionError as exc:
+        found.append(Error(str(exc), id="outbox.E011"))
+    except DatabaseError:
+        return []  # no database or tables yet (before migrate)
+    try:
+        has_numbers = SmsTarget.objects.exists()
+        config = ChannelConfiguration.objects.filter(channel="sms").first() if has_numbers else None
+    except (DatabaseError, SecretDecryptionError):
+        return found
+    if has_numbers:
+        values = (
+            {}
+            if config is None
+            else {
+                name: getattr(config, name)
+                for name in ("channel", "provider", "account_sid", "auth_token", "from_number", "api_base")
+            }
+        )
+        problems = channel_configuration_problems({**values, "channel": "sms"})
+        if problems:
+            found.append(
+                Warning(
+                    "Notification lists hold SMS targets but the sms channel is not configured: "
+                    + "; ".join(f"{name}: {problem}" for name, problem in problems.items()),
+                    hint="Configure it in the console (Channel configuration) or the configuration file's "
+                    "channels.sms (docs/channels.md); until then SMS notifications park.",
+                    id="outbox.W011",
+                )
+            )
+    return found

@@ -2,9 +2,11 @@
 (docs/operations.md).
 
 Import upserts by natural key (list name case-insensitively, site_id), replaces a list's
-recipients with the file's, and leaves entries the file does not mention alone. The whole
+recipients with the file's (per channel: a channel key the entry leaves out keeps that
+channel's targets), and leaves entries the file does not mention alone. The whole
 file is validated before anything is written, and written in one transaction, so a bad
-file changes nothing. Export never writes secrets (the SMTP password is left out).
+file changes nothing. Export never writes secrets (the SMTP password, the SMS auth token and
+webhook signing secrets are left out, and so are Apprise URLs, which hold credentials).
 """
 
 from typing import Any
@@ -14,6 +16,16 @@ from django.core.validators import validate_email, validate_slug
 from django.db import transaction
 
 from notifications.adapters import ADAPTER_PATHS
+from notifications.channels_config import (
+    TARGET_KEYS,
+    ChannelsImportError,
+    channels_export,
+    channels_import,
+    list_targets_export,
+    list_targets_import,
+    validate_channels,
+    validate_list_targets,
+)
 from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, notification_lists_by_name
 from notifications.models import EmailRecipient, NotificationList, SmtpConfiguration
 from notifications.operations import smtp_password_kept_problem
@@ -33,9 +45,9 @@ SMTP_FIELDS = {
     "retry_interval_seconds": int,
 }
 SMTP_REQUIRED = ("host", "from_address")
-LIST_FIELDS = {"name", "description", "recipient_mode", "email"}
+LIST_FIELDS = {"name", "description", "recipient_mode", "email", *TARGET_KEYS}
 SITE_FIELDS = {"site_id", "name", "active"}
-SECTIONS = ("smtp", "policies", "lists", "sites")
+SECTIONS = ("smtp", "channels", "policies", "lists", "sites")
 
 
 class ConfigFileError(Exception):
@@ -122,6 +134,7 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
         if not isinstance(mode, str) or mode not in NotificationList.RecipientMode.values:
             allowed = ", ".join(NotificationList.RecipientMode.values)
             problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
+        validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
             problems.append(f"{where}.email: must be a list of addresses.")
@@ -179,6 +192,8 @@ def configuration_validate(*, data: Any) -> list[str]:
         problems.append(f"{key}: unknown section (expected {', '.join(SECTIONS)}).")
     if "smtp" in data and data["smtp"] is not None:
         _validate_smtp(data["smtp"], problems)
+    if "channels" in data:
+        validate_channels(data["channels"], problems)
     if "policies" in data:
         _validate_policies(data["policies"], problems)
     if "lists" in data:
@@ -197,6 +212,7 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
         raise ConfigFileError(problems)
     summary: dict[str, Any] = {
         "smtp": None,
+        "channels": [],
         "policies_created": 0,
         "policies_updated": 0,
         "lists_created": 0,
@@ -222,6 +238,9 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
                 setattr(config, name, smtp[name])
         config.save()
 
+    if data.get("channels"):
+        summary["channels"] = channels_import(data["channels"])
+
     for channel, values in data.get("policies", {}).items():
         _, created = delivery_policy_store(channel=channel, values=values)
         summary["policies_created" if created else "policies_updated"] += 1
@@ -243,6 +262,10 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
         EmailRecipient.objects.bulk_create(
             EmailRecipient(notification_list=notification_list, email=address) for address in entry.get("email", [])
         )
+        try:
+            list_targets_import(notification_list=notification_list, entry=entry, where=f"lists ({name!r})")
+        except ChannelsImportError as exc:
+            raise ConfigFileError(exc.problems) from None
 
     for entry in data.get("sites", []):
         site = Site.objects.filter(site_id=entry["site_id"]).first()
@@ -260,18 +283,24 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
 def configuration_export() -> dict[str, Any]:
     """The current configuration in the file's shape, without secrets."""
     data: dict[str, Any] = {"smtp": None, "policies": {}, "lists": [], "sites": []}
+    channels = channels_export()
+    if channels:
+        data["channels"] = channels
     config = SmtpConfiguration.current()
     if config is not None:
         data["smtp"] = {name: getattr(config, name) for name in SMTP_FIELDS if name != "password"}
     # Every channel's effective policy, stored or default: importing the file reproduces it.
     data["policies"] = {channel: policy.as_dict() for channel, policy in delivery_policies_all().items()}
-    for notification_list in NotificationList.objects.prefetch_related("email_recipients"):
+    for notification_list in NotificationList.objects.prefetch_related(
+        "email_recipients", "teams_targets", "webhook_targets", "sms_targets"
+    ):
         data["lists"].append(
             {
                 "name": notification_list.name,
                 "description": notification_list.description,
                 "recipient_mode": notification_list.recipient_mode,
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
+                **list_targets_export(notification_list),
             }
         )
     for site in Site.objects.all():

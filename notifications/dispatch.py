@@ -66,8 +66,9 @@ from notifications.health import (
     channels_refresh,
     dispatch_channels,
 )
-from notifications.models import ChannelHealth, DeliveryAttempt, DispatchTimer, Notification
+from notifications.models import ChannelHealth, DeliveryAttempt, DispatchTimer, Notification, ProviderMessage
 from notifications.policies import delivery_expired_message, delivery_failure_decide, delivery_policy_default
+from notifications.providers import provider_statuses_reapply
 
 logger = logging.getLogger(__name__)
 Status = Notification.Status
@@ -88,6 +89,10 @@ CLAIM_FIELDS = (
     "requeued_at",
     "claimed_by",
     "claimed_until",
+    # Channels with per-target outcomes send a retry only to the targets still owed it, and
+    # webhooks carry the site id.
+    "resolved_targets",
+    "source_site_id",
 )
 # The columns finishing an attempt writes.
 ATTEMPT_RESULT_FIELDS = ("duration_ms", "outcome", "failure_class", "error", "detail")
@@ -318,8 +323,9 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
     report = FinishReport()
     groups: dict[tuple[str, str, str], tuple[dict[str, Any], list[Any]]] = {}
     finished, unstarted = [], []
+    finishes = list(outcomes)
     by_channel: dict[str, tuple[Channel, list[str | None], list[str]]] = {}
-    for item in outcomes:
+    for item in finishes:
         row, attempt = item.notification, item.attempt
         seen = by_channel.setdefault(item.channel.name, (item.channel, [], []))
         if not item.outcome.started:
@@ -349,6 +355,7 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
         if unstarted:
             DeliveryAttempt.objects.filter(pk__in=unstarted, outcome=DeliveryAttempt.Outcome.IN_PROGRESS).delete()
         db.update_by_pk(finished, ATTEMPT_RESULT_FIELDS)
+        provider_messages_record(outcomes=finishes)
     for channel, classes, messages in by_channel.values():
         # A healthy channel without channel failures has nothing to record: no write, no lock.
         if channel.endpoint is None or (channel.clean and not any(c in CHANNEL_FAILURES for c in classes)):
@@ -361,6 +368,28 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             last_error=db.storable(messages[-1]) if messages else "",
         )
     return report
+
+
+def provider_messages_record(*, outcomes: Iterable[Finish]) -> None:
+    """Index the messages providers accepted (targets with a ``provider_id``) so that the
+    providers' status callbacks find their notification; recorded whether or not the row was
+    still held: the message was sent either way."""
+    rows = []
+    for item in outcomes:
+        delivery = item.outcome.result or item.outcome.error
+        for entry in delivery.targets if delivery is not None else []:
+            if isinstance(entry, dict) and entry.get("provider") and entry.get("provider_id"):
+                rows.append(
+                    ProviderMessage(
+                        provider=str(entry["provider"])[:16],
+                        provider_id=str(entry["provider_id"])[:64],
+                        notification_id=item.notification.pk,
+                        target_ref=str(entry.get("ref", ""))[:32],
+                    )
+                )
+    if rows:
+        ProviderMessage.objects.bulk_create(rows, ignore_conflicts=True)
+        provider_statuses_reapply(notification_ids={row.notification_id for row in rows})
 
 
 def _finish_changes(
@@ -403,6 +432,9 @@ def _finish_changes(
     )
     if decision.expired:
         changes["expired_at"] = now
+    if error.retry_after and decision.next_attempt_at is not None:
+        # The receiver said when to come back (Retry-After): not before then.
+        changes["next_attempt_at"] = max(decision.next_attempt_at, now + timedelta(seconds=error.retry_after))
     if error.targets:
         changes["resolved_targets"] = error.targets
         changes["targets_refused"] = _refused(error.targets)

@@ -26,9 +26,11 @@ from django.db import transaction
 from notifications import db
 from notifications.adapters import ADAPTER_PATHS
 from notifications.adapters.base import targets_summary
+from notifications.channel_targets import teams_type_data_validate
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
 from notifications.models import Notification
+from notifications.providers import notification_targets
 from notifications.trigger import dispatch_request
 
 DEFAULT_TYPE = "email"
@@ -40,6 +42,7 @@ INSERT_CHUNK = 500
 # have a bound of their own, OUTBOX_MAX_ATTACHMENT_BYTES).
 TYPE_DATA_VALIDATORS: dict[str, Callable[[Mapping[str, Any]], dict[str, list[str]]]] = {
     "email": email_type_data_validate,
+    "teams": teams_type_data_validate,
 }
 TYPE_DATA_MEASURED: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "email": email_type_data_measured,
@@ -426,6 +429,7 @@ def notification_status_record(notification: Any) -> dict[str, Any]:
         "next_attempt_at": _iso(notification.next_attempt_at),
         "delivered_at": _iso(notification.delivered_at),
         **_targets_record(getattr(notification, "resolved_targets", None)),
+        "targets": notification_targets(notification),
     }
 
 

@@ -397,3 +397,163 @@ class DispatchTimer(models.Model):
 
     def __str__(self) -> str:
         return f"{self.holder or 'nobody'} until {self.until}"
+
+
+# --- channels beyond email (docs/channels.md) ----------------------------------------------
+
+
+class TeamsTarget(models.Model):
+    """A Microsoft Teams Workflows webhook URL a list posts Adaptive Cards to. The URL's query
+    carries the workflow's signature, so the console shows it masked."""
+
+    notification_list = models.ForeignKey(NotificationList, on_delete=models.CASCADE, related_name="teams_targets")
+    url = models.URLField("Workflows URL", max_length=2000)
+
+    class Meta:
+        verbose_name = "Teams target"
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["notification_list", "url"], name="teams_target_unique_per_list")
+        ]
+
+    def __str__(self) -> str:
+        from notifications.channel_targets import url_masked
+
+        return url_masked(self.url)
+
+
+class WebhookTarget(models.Model):
+    """An HTTP endpoint a list posts signed JSON to (Standard Webhooks); the signing secret is
+    encrypted at rest and never exported."""
+
+    notification_list = models.ForeignKey(NotificationList, on_delete=models.CASCADE, related_name="webhook_targets")
+    url = models.URLField("URL", max_length=2000)
+    secret = EncryptedTextField(help_text='The signing secret, "whsec_" + base64. Stored encrypted; never shown.')
+
+    class Meta:
+        verbose_name = "webhook target"
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["notification_list", "url"], name="webhook_target_unique_per_list")
+        ]
+
+    def __str__(self) -> str:
+        from notifications.channel_targets import url_masked
+
+        return url_masked(self.url)
+
+
+class SmsTarget(models.Model):
+    """A phone number (E.164) a list texts."""
+
+    notification_list = models.ForeignKey(NotificationList, on_delete=models.CASCADE, related_name="sms_targets")
+    phone_number = models.CharField("phone number (E.164)", max_length=16)
+
+    class Meta:
+        verbose_name = "SMS target"
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["notification_list", "phone_number"], name="sms_target_unique_per_list")
+        ]
+
+    def __str__(self) -> str:
+        return self.phone_number
+
+
+class AppriseTarget(models.Model):
+    """An Apprise URL (Slack, Telegram, ntfy, …). The URL usually holds the service's
+    credentials, so it is encrypted at rest and never exported; ``display`` is Apprise's own
+    masked form of it, kept for the console."""
+
+    notification_list = models.ForeignKey(NotificationList, on_delete=models.CASCADE, related_name="apprise_targets")
+    url = EncryptedTextField("Apprise URL", help_text="Stored encrypted; shown masked.")
+    display = models.CharField(max_length=500, blank=True, editable=False)
+
+    class Meta:
+        verbose_name = "Apprise target"
+        ordering = ["pk"]
+
+    def __str__(self) -> str:
+        return self.display or "(Apprise URL)"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        from notifications.channel_targets import apprise_url_masked
+
+        self.display = apprise_url_masked(self.url)[:500]
+        super().save(*args, **kwargs)
+
+
+class ChannelConfiguration(models.Model):
+    """Per-channel delivery settings for the channels beyond email: one row per channel.
+
+    SMS needs one (the provider account); Teams, webhooks and Apprise work without one, with
+    the default timeout."""
+
+    class Channel(models.TextChoices):
+        TEAMS = "teams"
+        WEBHOOK = "webhook"
+        SMS = "sms"
+        APPRISE = "apprise"
+
+    class Provider(models.TextChoices):
+        TWILIO = "twilio", "Twilio"
+
+    DEFAULT_TIMEOUT_SECONDS = 10
+    TWILIO_API_BASE = "https://api.twilio.com"
+
+    channel = models.CharField(max_length=32, choices=Channel.choices, unique=True)
+    timeout_seconds = models.PositiveIntegerField(
+        default=DEFAULT_TIMEOUT_SECONDS, validators=[MinValueValidator(1)], help_text="For every network call."
+    )
+    # SMS only.
+    provider = models.CharField(max_length=16, choices=Provider.choices, blank=True)
+    account_sid = models.CharField(max_length=64, blank=True)
+    auth_token = EncryptedTextField(blank=True, help_text="Stored encrypted; never exported or shown.")
+    from_number = models.CharField("from number (E.164)", max_length=16, blank=True)
+    api_base = models.URLField(
+        "API base URL",
+        max_length=500,
+        blank=True,
+        default=TWILIO_API_BASE,
+        help_text="Where the provider's REST API is; change only for a test double or a regional edge.",
+    )
+    max_segments = models.PositiveIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(10)],
+        help_text="Subject and body are cut to fit this many SMS segments.",
+    )
+
+    class Meta:
+        verbose_name = "channel configuration"
+        verbose_name_plural = "channel configuration"
+        ordering = ["channel"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(timeout_seconds__gte=1), name="channel_timeout_positive"),
+            models.CheckConstraint(
+                condition=models.Q(max_segments__gte=1, max_segments__lte=10), name="channel_segments_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} configuration"
+
+
+class ProviderMessage(models.Model):
+    """A message a provider accepted for one target of a notification, by the provider's id,
+    so that its status callbacks find the notification (and stay cheap to look up)."""
+
+    provider = models.CharField(max_length=16)
+    provider_id = models.CharField(max_length=64)
+    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="provider_messages")
+    target_ref = models.CharField(max_length=32)
+    provider_status = models.CharField(max_length=32, blank=True)
+    provider_status_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "provider_id"], name="provider_message_unique_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.provider_id}: {self.provider_status}"

@@ -258,6 +258,14 @@ OUTBOX_KEY_CACHE_SECONDS = _read("OUTBOX_KEY_CACHE_SECONDS", "int", 10)
 # Keys for secrets stored in the database (SMTP password); the first encrypts, all decrypt.
 # Default: derived from SECRET_KEY. See notifications/secrets.py and docs/operations.md, "Secrets and key rotation".
 OUTBOX_SECRET_KEYS = _read("OUTBOX_SECRET_KEYS", "list", [])
+# Central's public base URL (https://outbox.example.com): the console link in Teams cards and
+# the SMS status callback address (also what Twilio's callback signature is checked against).
+# Empty: cards have no link and SMS is sent without status callbacks. See docs/channels.md.
+OUTBOX_PUBLIC_URL = _read("OUTBOX_PUBLIC_URL", "str", "").rstrip("/")
+if OUTBOX_PUBLIC_URL and not OUTBOX_PUBLIC_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"Environment variable OUTBOX_PUBLIC_URL must be an http(s) URL, got {OUTBOX_PUBLIC_URL!r}"
+    )
 # Per-site request rate per web process (token bucket); 0 disables. See sites/throttling.py.
 OUTBOX_SITE_RATE_LIMIT = _read("OUTBOX_SITE_RATE_LIMIT", "float", 100.0)
 OUTBOX_SITE_RATE_BURST = _read("OUTBOX_SITE_RATE_BURST", "int", 500)

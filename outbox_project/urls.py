@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from notifications import api, views
+from notifications import api, providers, views
 
 urlpatterns = [
     path("api/v1/notifications/", api.NotificationCollectionView.as_view(), name="notification-list"),
@@ -28,6 +28,11 @@ urlpatterns = [
         "api/v1/notifications/<uuid:notification_id>/requeue/",
         api.NotificationRequeueView.as_view(),
         name="notification-requeue",
+    ),
+    path(
+        "api/v1/providers/twilio/status/",
+        providers.TwilioStatusCallbackView.as_view(),
+        name="provider-twilio-status",
     ),
     path("api/v1/kpis/", api.KpiView.as_view(), name="kpis"),
     path("api/v1/sites/", include("sites.urls")),

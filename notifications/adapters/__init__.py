@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 
 ADAPTER_PATHS = {
     "email": "notifications.adapters.email.EmailAdapter",
+    "teams": "notifications.adapters.teams.TeamsAdapter",
+    "webhook": "notifications.adapters.webhook.WebhookAdapter",
+    "sms": "notifications.adapters.sms.SmsAdapter",
+    "apprise": "notifications.adapters.apprise.AppriseAdapter",
 }
 
 TYPE_CHOICES = [(name, name) for name in ADAPTER_PATHS]

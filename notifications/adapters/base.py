@@ -144,7 +144,8 @@ class DeliveryError(Exception):
     it (targets that already have the message are in it as "delivered"). ``ambiguous``: the
     message was handed over and the answer lost, so the server may hold it (the attempt is
     recorded as ambiguous). ``outcome_unknown``: nothing is left to retry but targets whose
-    outcome stays unknown; the row parks with that reason whatever the policy says."""
+    outcome stays unknown; the row parks with that reason whatever the policy says. ``retry_after``: seconds the receiver asked us to wait (an HTTP
+    ``Retry-After``); a retry is then due no sooner than that."""
 
     def __init__(
         self,
@@ -155,6 +156,7 @@ class DeliveryError(Exception):
         targets: list[dict[str, Any]] | None = None,
         ambiguous: bool = False,
         outcome_unknown: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         if failure_class not in FailureClass.values:
             raise ValueError(f"unknown failure class {failure_class!r}")
@@ -165,6 +167,7 @@ class DeliveryError(Exception):
         self.targets = targets or []
         self.ambiguous = ambiguous
         self.outcome_unknown = outcome_unknown
+        self.retry_after = retry_after
 
 
 def targets_owed(notification: "Notification") -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:

@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from notifications.admin.channels import CHANNEL_INLINES
 from notifications.list_names import list_name_normalize, list_name_problem, notification_list_clash
 from notifications.models import EmailRecipient, NotificationList
 
@@ -55,7 +56,7 @@ class EmailRecipientInline(admin.TabularInline):
 @admin.register(NotificationList)
 class NotificationListAdmin(admin.ModelAdmin):
     form = NotificationListForm
-    inlines = [EmailRecipientInline]
+    inlines = [EmailRecipientInline, *CHANNEL_INLINES]
     list_display = ("name", "recipient_count", "recipient_mode", "description")
     list_filter = ("recipient_mode",)
     search_fields = ("name", "email_recipients__email")

@@ -105,6 +105,11 @@ def test_the_list_form_offers_the_recipient_mode_with_help_text(admin_client_, o
         "recipient_mode": "individual",
         "email_recipients-TOTAL_FORMS": "0",
         "email_recipients-INITIAL_FORMS": "0",
+        **{
+            f"{prefix}-{count}_FORMS": "0"
+            for prefix in ("teams_targets", "webhook_targets", "sms_targets", "apprise_targets")
+            for count in ("TOTAL", "INITIAL")
+        },
     }
     assert admin_client_.post(url, data).status_code == 302
     operators_list.refresh_from_db()

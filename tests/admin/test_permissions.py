@@ -38,6 +38,13 @@ def test_migration_creates_operators_who_view_and_act_on_notifications_and_view_
     }
 
 
+CHANNEL_INLINES_EMPTY = {
+    f"{prefix}-{count}_FORMS": "0"
+    for prefix in ("teams_targets", "webhook_targets", "sms_targets", "apprise_targets")
+    for count in ("TOTAL", "INITIAL")
+}
+
+
 @pytest.mark.django_db
 def test_migration_gives_administrators_lists_smtp_and_sites_as_well():
     granted = perms("Administrators")
@@ -47,6 +54,11 @@ def test_migration_gives_administrators_lists_smtp_and_sites_as_well():
         "notifications.%s_emailrecipient",
         "notifications.%s_smtpconfiguration",
         "notifications.%s_deliverypolicy",
+        "notifications.%s_teamstarget",
+        "notifications.%s_webhooktarget",
+        "notifications.%s_smstarget",
+        "notifications.%s_apprisetarget",
+        "notifications.%s_channelconfiguration",
         "sites.%s_site",
         "sites.%s_siteapikey",
     ):
@@ -174,6 +186,7 @@ def test_administrator_can_add_a_list_with_recipients(admin_client_):
             "email_recipients-INITIAL_FORMS": "0",
             "email_recipients-0-email": "lead1@example.com",
             "email_recipients-1-email": "lead2@example.com",
+            **CHANNEL_INLINES_EMPTY,
         },
     )
     assert response.status_code == 302, response.context and response.context["adminform"].form.errors

@@ -45,7 +45,9 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "delivered_at",
         "delivery_summary",
         "target_counts",
+        "targets",
     }
+    assert record["targets"] == []  # resolved at delivery time
     row = Notification.objects.get(pk=payload["notification_id"])
     assert row.source_site_id == "plant-a"
     assert row.subject == payload["subject"]

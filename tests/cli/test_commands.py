@@ -8,6 +8,7 @@ from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
 from notifications.models import NotificationList, SmtpConfiguration
+from notifications.policies import delivery_policy_default
 from sites.models import Site, SiteAPIKey
 from tests.support.payloads import make_payload
 
@@ -113,6 +114,9 @@ def test_import_creates_everything_and_export_round_trips_without_secrets(db, tm
     assert "s3cret" not in exported
     expected = json.loads(json.dumps(CONFIG))
     del expected["smtp"]["password"]
+    # Every channel's effective policy is exported, the defaults of the channels the file left out too.
+    for channel in ("teams", "webhook", "sms", "apprise"):
+        expected["policies"][channel] = delivery_policy_default(channel=channel).as_dict()
     assert data == expected
 
     # Re-importing the export keeps the stored password.

@@ -175,14 +175,14 @@ def test_rows_parked_at_the_site_are_retried_and_discarded_from_central(world):
     try:
         heartbeats_arrive(world)
         big = send(world, central.url, subject="Full report", body="x" * (SMALL_LIMIT + 1000))
-        unknown = send(world, central.url, "--type", "sms", subject="Pump 4 tripped")
+        unknown = send(world, central.url, "--type", "pager", subject="Pump 4 tripped")
         poll(
             lambda: parked_at_central(world, big) and parked_at_central(world, unknown),
             timeout=30,
             message="the site-parked rows did not appear at central",
         )
         assert "Too large for central: HTTP 413" in parked_at_central(world, big).reason
-        assert "Unknown notification type 'sms'" in parked_at_central(world, unknown).reason
+        assert "Unknown notification type 'pager'" in parked_at_central(world, unknown).reason
 
         central.stop()  # the fix: central's limit back to its default
         central = Central(port=central.port).start()
@@ -193,7 +193,7 @@ def test_rows_parked_at_the_site_are_retried_and_discarded_from_central(world):
             "discard_at_site",
             [parked_at_central(world, unknown)],
             post="yes",
-            reason="SMS is not configured at this plant",
+            reason="No pager channel at this plant",
         )
 
         poll(lambda: delivered_once(world, big), timeout=60, message="the retried row was not delivered once")
@@ -216,7 +216,7 @@ def test_rows_parked_at_the_site_are_retried_and_discarded_from_central(world):
     assert site_stats(world) == {"buffered": 0, "parked": 0}
     assert not Notification.objects.filter(pk=unknown).exists()
     discard = SiteCommand.objects.get(action="discard")
-    assert discard.reason == "SMS is not configured at this plant" and discard.detail == "discarded at the site"
+    assert discard.reason == "No pager channel at this plant" and discard.detail == "discarded at the site"
 
 
 def test_a_command_issued_while_the_agent_is_down_is_executed_when_it_restarts(world):

@@ -90,7 +90,7 @@ def test_an_invalid_policy_in_the_file_changes_nothing_and_names_every_problem(d
         configuration_import(data=data)
     assert "policies.email.jitter: must be between 0 and 1." in caught.value.problems
     assert any(p.startswith("policies.email.retry_on: 'nope' not failure classes") for p in caught.value.problems)
-    assert "policies.pager: unknown channel (known: email)." in caught.value.problems
+    assert "policies.pager: unknown channel (known: email, teams, webhook, sms, apprise)." in caught.value.problems
     assert not SmtpConfiguration.objects.exists() and not DeliveryPolicy.objects.exists()
 
 

@@ -46,6 +46,7 @@ class Command(BaseCommand):
             ) from None
         self.stdout.write(
             f"Imported {file}: SMTP {summary['smtp'] or 'unchanged'}; "
+            f"channels {', '.join(summary['channels']) or 'unchanged'}; "
             f"policies {summary['policies_created']} created, {summary['policies_updated']} updated; "
             f"lists {summary['lists_created']} created, {summary['lists_updated']} updated; "
             f"sites {summary['sites_created']} created, {summary['sites_updated']} updated."

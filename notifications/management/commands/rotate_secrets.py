@@ -1,19 +1,38 @@
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
-from notifications.models import SmtpConfiguration
+from notifications.models import AppriseTarget, ChannelConfiguration, SmtpConfiguration, WebhookTarget
 from notifications.secrets import SecretDecryptionError
+
+# Every model with encrypted columns, and those columns.
+ENCRYPTED = (
+    (SmtpConfiguration, ["password"], "SMTP configuration"),
+    (ChannelConfiguration, ["auth_token"], "channel configuration"),
+    (WebhookTarget, ["secret"], "webhook target"),
+    (AppriseTarget, ["url"], "Apprise target"),
+)
 
 
 class Command(BaseCommand):
-    help = "Re-encrypt stored secrets (the SMTP password) with the first key of OUTBOX_SECRET_KEYS."
+    help = (
+        "Re-encrypt stored secrets (the SMTP password, the SMS auth token, webhook signing secrets, "
+        "Apprise URLs) with the first key of OUTBOX_SECRET_KEYS."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        counts = []
         try:
-            configs = list(SmtpConfiguration.objects.all())
+            with transaction.atomic():
+                for model, fields, name in ENCRYPTED:
+                    rows = list(model.objects.all())
+                    for row in rows:
+                        row.save(update_fields=fields)
+                    counts.append((len(rows), name))
         except SecretDecryptionError as exc:
             raise CommandError(str(exc)) from None
-        for config in configs:
-            config.save(update_fields=["password"])
-        self.stdout.write(f"Re-encrypted {len(configs)} SMTP configuration secret(s) with the current key.")
+        smtp = counts[0][0]
+        self.stdout.write(f"Re-encrypted {smtp} SMTP configuration secret(s) with the current key.")
+        others = ", ".join(f"{count} {name}(s)" for count, name in counts[1:])
+        self.stdout.write(f"Also re-encrypted: {others}.")

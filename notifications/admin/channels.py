@@ -1,0 +1,225 @@
+"""List targets of the channels beyond email (inlines on a notification list) and the
+per-channel configuration. Every field is checked by notifications.channel_targets, the same
+checks the configuration file and delivery use. Secrets (webhook signing secrets, Apprise URLs,
+the SMS auth token) are write-only: stored encrypted, shown masked or not at all."""
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+
+from notifications.channel_targets import (
+    apprise_url_problem,
+    channel_configuration_problems,
+    http_url_problem,
+    phone_number_problem,
+    url_masked,
+    webhook_secret_problem,
+)
+from notifications.models import AppriseTarget, ChannelConfiguration, SmsTarget, TeamsTarget, WebhookTarget
+
+
+def _field_check(form: forms.ModelForm, name: str, problem: str | None) -> None:
+    if problem:
+        form.add_error(name, problem)
+
+
+class TeamsTargetForm(forms.ModelForm):
+    url = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Workflows URL",
+        widget=forms.PasswordInput(render_value=False, attrs={"size": 60, "autocomplete": "off"}),
+        help_text="Write-only (its query carries the workflow's signature). Leave blank to keep the stored URL.",
+    )
+
+    class Meta:
+        model = TeamsTarget
+        fields = ("url",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial["url"] = ""
+
+    def clean_url(self) -> str:
+        url = (self.cleaned_data.get("url") or "").strip()
+        if not url:
+            stored = TeamsTarget.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+            if stored is None:
+                raise forms.ValidationError("A Workflows URL is required.")
+            return stored.url
+        problem = http_url_problem(url, what="The Workflows URL")
+        if problem:
+            raise forms.ValidationError(problem)
+        return url
+
+
+class TeamsTargetInline(admin.TabularInline):
+    model = TeamsTarget
+    form = TeamsTargetForm
+    extra = 0
+    fields = ("masked", "url")
+    readonly_fields = ("masked",)
+    verbose_name_plural = "Teams targets (Workflows webhook URLs)"
+
+    @admin.display(description="stored URL (masked)")
+    def masked(self, obj: TeamsTarget) -> str:
+        return url_masked(obj.url) if obj.url else "—"
+
+
+class WebhookTargetForm(forms.ModelForm):
+    url = forms.CharField(max_length=2000, label="URL", widget=forms.TextInput(attrs={"size": 60}))
+    secret = forms.CharField(
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text='Write-only: "whsec_" + base64 of 24+ random bytes. Leave blank to keep the stored secret.',
+    )
+
+    class Meta:
+        model = WebhookTarget
+        fields = ("url", "secret")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial["secret"] = ""
+
+    def clean_url(self) -> str:
+        url = self.cleaned_data["url"].strip()
+        problem = http_url_problem(url)
+        if problem:
+            raise forms.ValidationError(problem)
+        return url
+
+    def clean_secret(self) -> str:
+        secret = self.cleaned_data.get("secret") or ""
+        if not secret:
+            stored = WebhookTarget.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+            if stored is None or not stored.secret:
+                raise forms.ValidationError("A signing secret is required for a new webhook target.")
+            return stored.secret
+        problem = webhook_secret_problem(secret)
+        if problem:
+            raise forms.ValidationError(problem)
+        return secret
+
+
+class WebhookTargetInline(admin.TabularInline):
+    model = WebhookTarget
+    form = WebhookTargetForm
+    extra = 0
+    verbose_name_plural = "Webhook targets (signed with Standard Webhooks)"
+
+
+class SmsTargetForm(forms.ModelForm):
+    class Meta:
+        model = SmsTarget
+        fields = ("phone_number",)
+
+    def clean_phone_number(self) -> str:
+        number = "".join(self.cleaned_data["phone_number"].split())
+        problem = phone_number_problem(number)
+        if problem:
+            raise forms.ValidationError(problem)
+        return number
+
+
+class SmsTargetInline(admin.TabularInline):
+    model = SmsTarget
+    form = SmsTargetForm
+    extra = 0
+    verbose_name_plural = "SMS targets (E.164 phone numbers)"
+
+
+class AppriseTargetForm(forms.ModelForm):
+    url = forms.CharField(
+        required=False,
+        label="Apprise URL",
+        widget=forms.PasswordInput(render_value=False, attrs={"size": 60, "autocomplete": "off"}),
+        help_text="Write-only (it usually holds the service's credentials). Leave blank to keep the stored URL.",
+    )
+
+    class Meta:
+        model = AppriseTarget
+        fields = ("url",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial["url"] = ""
+
+    def clean_url(self) -> str:
+        url = (self.cleaned_data.get("url") or "").strip()
+        if not url:
+            stored = AppriseTarget.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+            if stored is None:
+                raise forms.ValidationError("An Apprise URL is required.")
+            return stored.url
+        problem = apprise_url_problem(url)
+        if problem:
+            raise forms.ValidationError(problem)
+        return url
+
+
+class AppriseTargetInline(admin.TabularInline):
+    model = AppriseTarget
+    form = AppriseTargetForm
+    extra = 0
+    fields = ("display", "url")
+    readonly_fields = ("display",)
+    verbose_name_plural = "Apprise targets (Slack, Telegram, ntfy, …)"
+
+
+CHANNEL_INLINES = [TeamsTargetInline, WebhookTargetInline, SmsTargetInline, AppriseTargetInline]
+
+
+class ChannelConfigurationForm(forms.ModelForm):
+    api_base = forms.CharField(
+        max_length=500,
+        required=False,
+        label="API base URL",
+        initial=ChannelConfiguration.TWILIO_API_BASE,
+        help_text="Where the provider's REST API is; change only for a test double or a regional edge.",
+    )
+    auth_token = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only. Leave blank to keep the stored token.",
+    )
+
+    class Meta:
+        model = ChannelConfiguration
+        fields = (
+            "channel",
+            "timeout_seconds",
+            "provider",
+            "account_sid",
+            "auth_token",
+            "from_number",
+            "api_base",
+            "max_segments",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial["auth_token"] = ""
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if not cleaned.get("auth_token") and self.instance.pk:
+            stored = ChannelConfiguration.objects.filter(pk=self.instance.pk).first()
+            cleaned["auth_token"] = stored.auth_token if stored is not None else ""
+        problems = channel_configuration_problems(cleaned)
+        for name, problem in problems.items():
+            if name in self.fields:
+                self.add_error(name, problem)
+        return cleaned
+
+
+@admin.register(ChannelConfiguration)
+class ChannelConfigurationAdmin(admin.ModelAdmin):
+    form = ChannelConfigurationForm
+    list_display = ("channel", "timeout_seconds", "provider", "account_sid", "from_number", "api_base_display")
+
+    @admin.display(description="API base URL")
+    def api_base_display(self, obj: ChannelConfiguration) -> str:
+        return url_masked(obj.api_base) if obj.channel == ChannelConfiguration.Channel.SMS else "—"
