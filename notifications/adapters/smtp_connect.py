@@ -228,7 +228,7 @@ def smtp_open(
             smtp = _SMTP_SSL(local_hostname=settings.ehlo_name, timeout=settings.timeout, context=context)
         else:
             smtp = _SMTP(local_hostname=settings.ehlo_name, timeout=settings.timeout)
-        smtp._host = settings.host  # type: ignore[attr-defined]  # TLS's server_hostname; set only by __init__
+        setattr(smtp, "_host", settings.host)  # noqa: B010 (TLS server_hostname; smtplib sets it only in __init__)
         code, reply = smtp.connect(settings.host, settings.port)
         if code != 220:
             _close(smtp)
