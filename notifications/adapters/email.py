@@ -516,12 +516,29 @@ def _all_refused(refused: list[dict[str, Any]]) -> DeliveryError:
         failure_class = _reply_class(temporary[0]["smtp_code"], temporary[0]["error"], stage="RCPT TO")
     else:
         failure_class = FailureClass.RECIPIENT_REJECTED
+    hint = ""
+    if any(_helo_refused(r["error"]) for r in refused):
+        # The relay refuses our EHLO name (reported at RCPT TO, as Postfix does by default):
+        # no recipient is at fault, the configuration is.
+        failure_class, hint = FailureClass.CONFIGURATION, f" {HELO_HINT}"
     return DeliveryError(
-        f"Every recipient was refused: {detail}"[:2000],
+        f"Every recipient was refused: {detail}{hint}"[:2000],
         failure_class=failure_class,
         detail={"smtp_code": codes[-1], "stage": "RCPT TO"},
         targets=refused,
     )
+
+
+HELO_HINT = (
+    "The relay refuses the EHLO name: set local_hostname in the SMTP configuration to this host's fully "
+    "qualified domain name."
+)
+
+
+def _helo_refused(text: str) -> bool:
+    """True when a reply's ``text`` says the relay refuses our HELO/EHLO name."""
+    lowered = text.lower()
+    return "helo command rejected" in lowered or ("helo" in lowered and "fully" in lowered)
 
 
 # An enhanced status code (RFC 3463) at the start of a reply's text, e.g. "4.7.0".
@@ -601,8 +618,11 @@ def classify(exc: BaseException, *, stage: str = "") -> DeliveryError:
         code, text = exc.smtp_code, _text(exc.smtp_error)
         failure_class = _reply_class(code, text, stage=stage)
         verb = "deferred" if 400 <= code <= 499 else "refused"
+        hint = ""
+        if 500 <= code <= 599 and (stage in ("EHLO", "HELO") or _helo_refused(text)):
+            failure_class, hint = FailureClass.CONFIGURATION, f" {HELO_HINT}"
         return DeliveryError(
-            f"SMTP server {verb} the message{where}: {code} {text}",
+            f"SMTP server {verb} the message{where}: {code} {text}{hint}",
             failure_class=failure_class,
             detail={"smtp_code": code, "smtp_reply": text[:200], "stage": stage},
         )
