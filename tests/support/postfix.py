@@ -122,6 +122,7 @@ class PostfixRelay:
         os.chmod(self.root, 0o755)  # the postfix user reads its files below
         for name in ("etc", "queue", "data", "sasl", "tls"):  # sasl: the sasldb file
             (self.root / name).mkdir()
+        shutil.chown(self.root / "data", "postfix")  # Postfix's own state (the TLS session cache)
         self._write_tls()
         self._write_sasl()
         self._write_config()
