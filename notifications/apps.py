@@ -9,13 +9,19 @@ class NotificationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from notifications.checks import check_attachment_limit, check_schedules_present, check_secrets_decryptable
+        from notifications.checks import (
+            check_attachment_limit,
+            check_plaintext_auth,
+            check_schedules_present,
+            check_secrets_decryptable,
+        )
         from notifications.models import SmtpConfiguration
         from notifications.operations import smtp_configuration_changed
         from notifications.schedules import schedules_after_migrate
 
         checks.register(check_secrets_decryptable, checks.Tags.database)
         checks.register(check_schedules_present, checks.Tags.database)
+        checks.register(check_plaintext_auth, checks.Tags.database)
         checks.register(check_attachment_limit)
         # After every migrate: the worker's schedules exist without a deployment step.
         post_migrate.connect(schedules_after_migrate, sender=self, dispatch_uid="outbox-schedules")

@@ -22,6 +22,15 @@ CONFIG = {
         "timeout_seconds": 10,
         "max_retries": 10,
         "retry_interval_seconds": 60,
+        "local_hostname": "outbox.example.com",
+        "ca_file": "/etc/outbox/relay-ca.pem",
+        "client_cert": "",
+        "client_key": "",
+        "auth_method": "password",
+        "oauth_tenant_id": "",
+        "oauth_client_id": "",
+        "oauth_client_secret": "",
+        "oauth_authority": "",
     },
     "policies": {
         "email": {
@@ -111,7 +120,7 @@ def test_import_creates_everything_and_export_round_trips_without_secrets(db, tm
     assert "password" not in data["smtp"]
     assert "s3cret" not in exported
     expected = json.loads(json.dumps(CONFIG))
-    del expected["smtp"]["password"]
+    del expected["smtp"]["password"], expected["smtp"]["oauth_client_secret"]
     assert data == expected
 
     # Re-importing the export keeps the stored password.
