@@ -145,3 +145,17 @@ def test_a_non_fqdn_helo_is_refused_until_local_hostname_is_set(db, relay, monke
         config = relay_config(strict, ca_file=strict.ca_file, local_hostname="outbox.example.com")
         assert email_send_test(config=config, to="op1@example.com").detail["smtp_code"] == 250
         sink.wait_for(1, timeout=20)
+
+
+def test_an_oversize_message_is_refused_at_mail_from_before_it_is_sent(db, operators_list):
+    postfix_or_skip()
+    with SmtpServer() as sink, PostfixRelay(sink=sink, message_size_limit=4000) as small:
+        relay_config(small)
+        (notification,) = queue(body="Pump log:\n" + "x" * 8000)
+        run_pass()
+        notification = fresh(notification)
+        # SIZE=<bytes> on MAIL FROM: Postfix refuses there (552 5.3.4), before any DATA.
+        assert notification.status == Status.PARKED
+        assert "552" in notification.last_error and "MAIL FROM" in notification.last_error
+        assert notification.attempts.get().failure_class == "content_rejected"
+        assert sink.count == 0

@@ -20,6 +20,7 @@ from notifications.adapters.email import email_send_test
 from notifications.adapters.oauth import oauth_cache_clear
 from notifications.models import EmailRecipient, Notification, NotificationList, SmtpConfiguration
 from tests.dispatch.conftest import configure_smtp, fresh, queue, run_pass, store_policy
+from tests.support.processes import free_port
 from tests.support.smtp import SmtpServer, _self_signed_certificate
 
 Status = Notification.Status
@@ -312,3 +313,67 @@ def test_a_pass_with_an_untrusted_certificate_holds_every_row(db, operators_list
         run_pass()
     assert not Notification.objects.filter(status=Status.PARKED).exists()
     assert {fresh(n).status for n in notifications} <= {Status.RETRYING, Status.PENDING}
+
+
+def test_starttls_against_port_465_names_security_tls(db):
+    # Port 465 itself (we run as root in CI; elsewhere the port may be taken or forbidden).
+    try:
+        server = SmtpServer(port=465, security="tls").start()
+    except (OSError, RuntimeError) as exc:
+        pytest.skip(f"cannot listen on port 465 here: {exc}")
+    try:
+        error = failure_of(config_for(server, security="starttls", timeout_seconds=30))
+    finally:
+        server.stop()
+    assert "Port 465 usually needs security=tls" in error.message
+
+
+def test_a_client_certificate_is_presented_when_configured(db, tmp_path):
+    from aiosmtpd.controller import Controller
+
+    from tests.support.postfix import ca_and_server_certificate
+
+    ca_cert, server_cert, server_key = ca_and_server_certificate()
+    for name, data in (("ca.pem", ca_cert), ("server.pem", server_cert), ("server.key", server_key)):
+        (tmp_path / name).write_bytes(data)
+    client_cert, client_key = _self_signed_certificate()
+    (tmp_path / "client.pem").write_bytes(client_cert)
+    (tmp_path / "client.key").write_bytes(client_key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "server.pem", tmp_path / "server.key")
+    context.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: no client certificate, no session
+    context.load_verify_locations(tmp_path / "client.pem")
+
+    class Sink:
+        def __init__(self):
+            self.peer_certs = []
+
+        async def handle_DATA(self, server, session, envelope):
+            self.peer_certs.append(server.transport.get_extra_info("peercert"))
+            return "250 OK"
+
+    sink = Sink()
+    controller = Controller(sink, hostname="127.0.0.1", port=free_port(), ssl_context=context, ready_timeout=10)
+    controller.start()
+    try:
+        base = {
+            "host": "127.0.0.1",
+            "port": controller.port,
+            "security": "tls",
+            "from_address": "outbox@example.com",
+            "ca_file": str(tmp_path / "ca.pem"),
+            "timeout_seconds": 2,
+        }
+        without = SmtpConfiguration(**base)
+        assert failure_of(without).failure_class == "connection"
+        with_cert = SmtpConfiguration(
+            **base, client_cert=str(tmp_path / "client.pem"), client_key=str(tmp_path / "client.key")
+        )
+        assert email_send_test(config=with_cert, to="op1@example.com").detail["smtp_code"] == 250
+        missing = SmtpConfiguration(**base, client_cert=str(tmp_path / "nowhere.pem"))
+        error = failure_of(missing)
+        assert error.failure_class == "configuration" and "nowhere.pem" in error.message
+    finally:
+        controller.stop()
+    (peer,) = sink.peer_certs
+    assert peer is not None  # the server saw (and verified) our client certificate
