@@ -104,7 +104,8 @@ def test_a_wrong_password_costs_one_failed_auth_per_pass_and_recovers_by_itself(
     assert relay.log_count("authentication failed") - failed_before == 1
     statuses = {fresh(n).status for n in notifications}
     assert Status.PARKED not in statuses and Status.DELIVERED not in statuses
-    assert "authentication" in fresh(notifications[0]).last_error.lower()
+    # The rows tried carry the reason; the others were held by the open breaker, untried.
+    assert any("authentication failed" in fresh(n).last_error for n in notifications)
 
     # A second pass (the breaker's probe) tries once more, again at most once.
     time.sleep(1.1)
