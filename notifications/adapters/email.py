@@ -32,7 +32,6 @@ from notifications.adapters.smtp_connect import (
     ConnectFailure,
     ConnectSettings,
     connect_hint,
-    default_local_hostname,
     smtp_open,
     tls_context,
 )
@@ -707,9 +706,6 @@ def _quit(smtp: smtplib.SMTP) -> None:
 def _discard(smtp: smtplib.SMTP) -> None:
     with contextlib.suppress(OSError):
         smtp.close()
-
-
-_local_hostname = default_local_hostname  # the default EHLO name (SmtpConfiguration.local_hostname overrides it)
 
 
 def _mail_from(smtp: smtplib.SMTP, sender: str, message: bytes, targets: list[str]) -> tuple[bool, str, list[str]]:

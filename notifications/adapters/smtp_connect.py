@@ -118,22 +118,25 @@ class AuthGate:
         """Call ``authenticate`` unless an earlier AUTH of the session failed (then raise
         ConnectFailure with that failure again); a failure is classified and remembered."""
         if self._proven:
-            authenticate()
+            self._attempt(authenticate, classify)
             return
         with self._lock:
             if self.failure is not None:
                 raise ConnectFailure(self.failure)
-            try:
-                authenticate()
-            except ConnectFailure as failure:
-                self.failure = failure.error
-                raise
-            except (smtplib.SMTPException, OSError) as exc:
-                error = classify(exc)
-                if error.failure_class in (FailureClass.AUTH, FailureClass.CONFIGURATION):
-                    self.failure = error
-                raise ConnectFailure(error) from exc
+            self._attempt(authenticate, classify)
             self._proven = True
+
+    def _attempt(self, authenticate: Callable[[], None], classify: Callable[[BaseException], DeliveryError]) -> None:
+        try:
+            authenticate()
+        except ConnectFailure as failure:
+            self.failure = failure.error
+            raise
+        except (smtplib.SMTPException, OSError) as exc:
+            error = classify(exc)
+            if error.failure_class in (FailureClass.AUTH, FailureClass.CONFIGURATION):
+                self.failure = error
+            raise ConnectFailure(error) from exc
 
     def check(self) -> None:
         """Raise ConnectFailure when the session already knows that AUTH fails."""
