@@ -1,7 +1,8 @@
 """Email addresses with international domains (IDN) and local parts, as SMTP carries them.
 
 * **Domains** are converted to their ASCII form (punycode, ``xn--``) with IDNA 2008 and the
-  UTS #46 mapping, by the ``idna`` package, for the envelope (MAIL FROM, RCPT TO) and for the
+  UTS #46 mapping, by the ``idna`` package (:data:`IDNA_IMPLEMENTATION`; without the package,
+  Python's own IDNA 2003 codec), for the envelope (MAIL FROM, RCPT TO) and for the
   From, To, Cc and Reply-To headers: ``ops@bücher.example`` goes out as
   ``ops@xn--bcher-kva.example``, which every relay accepts.
 * **Local parts** have no ASCII form. A non-ASCII local part is sent only to a server that
@@ -14,9 +15,17 @@ syntax, plus a domain that IDNA 2008 can encode (Django's own check uses the old
 codec, which lets through characters that cannot be delivered).
 """
 
-import idna
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
+
+try:
+    import idna
+except ImportError:  # pragma: no cover - idna is in requirements.txt; the fallback keeps email working
+    idna = None  # type: ignore[assignment]
+
+# Which IDNA implementation converts domains: "idna" (IDNA 2008 + UTS #46, the package in
+# requirements.txt) or "stdlib" (Python's "idna" codec: IDNA 2003, used only without it).
+IDNA_IMPLEMENTATION = "idna" if idna is not None else "stdlib"
 
 
 class AddressNotSendable(ValueError):
@@ -29,8 +38,10 @@ def domain_ascii(domain: str) -> str:
     if domain.isascii():
         return domain
     try:
+        if idna is None:
+            return domain.encode("idna").decode("ascii")
         return idna.encode(domain, uts46=True).decode("ascii")
-    except idna.IDNAError as exc:
+    except (UnicodeError, ValueError) as exc:  # idna.IDNAError is a UnicodeError
         raise AddressNotSendable(f"the domain {domain!r} is not a valid internationalised domain name ({exc})") from exc
 
 
