@@ -43,6 +43,7 @@ SMTP_FIELDS = {
     "oauth_tenant_id": str,
     "oauth_client_id": str,
     "oauth_client_secret": str,
+    "oauth_client_certificate": str,
     "oauth_authority": str,
 }
 # Secrets: imported when given (an absent or empty one keeps the stored one), never exported.
@@ -90,7 +91,14 @@ def _validate_smtp(smtp: Any, problems: list[str]) -> None:
     if isinstance(smtp.get("auth_method"), str) and smtp["auth_method"] not in SmtpConfiguration.AuthMethod.values:
         allowed = ", ".join(SmtpConfiguration.AuthMethod.values)
         problems.append(f"smtp.auth_method: {smtp['auth_method']!r} is not one of {allowed}.")
-    for name in ("local_hostname", "ca_file", "client_cert", "client_key", "oauth_authority"):
+    for name in (
+        "local_hostname",
+        "ca_file",
+        "client_cert",
+        "client_key",
+        "oauth_client_certificate",
+        "oauth_authority",
+    ):
         if isinstance(smtp.get(name), str) and smtp[name]:
             problem = smtp_setting_problem(name, smtp[name])
             if problem:

@@ -252,6 +252,13 @@ class SmtpConfiguration(models.Model):
     oauth_client_secret = EncryptedTextField(
         "OAuth client secret", blank=True, help_text="Stored encrypted; never exported or shown."
     )
+    oauth_client_certificate = models.CharField(
+        "OAuth client certificate",
+        max_length=500,
+        blank=True,
+        help_text="Instead of a client secret: path of a PEM file with the app registration's certificate and its "
+        "(unencrypted, RSA) private key.",
+    )
     oauth_authority = models.CharField(
         "OAuth authority",
         max_length=255,

@@ -180,7 +180,7 @@ _HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 def smtp_setting_problem(name: str, value: str) -> str | None:
     """Why ``value`` cannot be the SMTP configuration's ``name`` (local_hostname, ca_file,
-    client_cert, client_key or oauth_authority), in words, or None."""
+    client_cert, client_key, oauth_client_certificate or oauth_authority), in words, or None."""
     if name == "local_hostname":
         if value.startswith("[") and value.endswith("]"):
             try:
@@ -194,7 +194,7 @@ def smtp_setting_problem(name: str, value: str) -> str | None:
         if len(labels) < 2:
             return f"{value!r} is not fully qualified: relays expect a name such as outbox.example.com."
         return None
-    if name in ("ca_file", "client_cert", "client_key"):
+    if name in ("ca_file", "client_cert", "client_key", "oauth_client_certificate"):
         if not os.path.isabs(value):
             return f"{value!r} must be an absolute path (the same on every web and worker host)."
         return None

@@ -1,9 +1,10 @@
 """OAuth 2.0 access tokens for SMTP AUTH XOAUTH2 (Microsoft 365 / Exchange Online).
 
-The client-credentials flow of an app registration (tenant id, client id, client secret) with
+The client-credentials flow of an app registration (tenant id, client id, and a client secret
+or a client certificate: a PEM file with the certificate and its RSA private key) with
 Microsoft's own library, ``msal``: ``ConfidentialClientApplication.acquire_token_for_client``
 with the scope ``https://outlook.office365.com/.default``. The application objects are kept
-per (authority, tenant, client id, secret), so msal's in-memory token cache serves the same
+per (authority, tenant, client id, credential), so msal's in-memory token cache serves the same
 token to every connection and every dispatch pass until shortly before it expires; msal then
 fetches a new one. The authority is configurable (``oauth_authority``, by default
 ``https://login.microsoftonline.com``) for national clouds, and so that tests can answer the
@@ -29,11 +30,9 @@ def oauth_token(settings: ConnectSettings) -> str:
     """An access token for ``settings`` (cached by msal). Raises ConnectFailure: class ``auth``
     when the token endpoint refuses the credentials (the channel waits until they are fixed),
     ``connection`` when it cannot be reached, ``configuration`` when a setting is missing."""
-    missing = [
-        name
-        for name in ("oauth_tenant_id", "oauth_client_id", "oauth_client_secret")
-        if not getattr(settings, name).strip()
-    ]
+    missing = [name for name in ("oauth_tenant_id", "oauth_client_id") if not getattr(settings, name).strip()]
+    if not settings.oauth_client_secret and not settings.oauth_client_certificate:
+        missing.append("oauth_client_secret or oauth_client_certificate")
     if missing:
         raise ConnectFailure(
             DeliveryError(
@@ -42,8 +41,9 @@ def oauth_token(settings: ConnectSettings) -> str:
                 detail={"stage": "AUTH"},
             )
         )
+    credential = _credential(settings)
     try:
-        result = _application(settings).acquire_token_for_client(scopes=[SCOPE])
+        result = _application(settings, credential).acquire_token_for_client(scopes=[SCOPE])
     except ValueError as exc:
         # msal could not use the authority (unknown tenant, discovery refused).
         raise ConnectFailure(
@@ -73,17 +73,48 @@ def oauth_token(settings: ConnectSettings) -> str:
     )
 
 
-def _application(settings: ConnectSettings) -> Any:
+def _credential(settings: ConnectSettings) -> str | dict[str, str]:
+    """msal's client credential: the secret, or the certificate's private key and SHA-1
+    thumbprint read from ``oauth_client_certificate`` (a ConnectFailure of class
+    ``configuration`` naming the file when it does not load)."""
+    if not settings.oauth_client_certificate:
+        return settings.oauth_client_secret
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    path = settings.oauth_client_certificate
+    try:
+        with open(path, "rb") as handle:
+            pem = handle.read()
+        certificate = x509.load_pem_x509_certificate(pem)
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConnectFailure(
+            DeliveryError(
+                f"The OAuth client certificate {path!r} cannot be loaded (a PEM file with the certificate and its "
+                f"unencrypted private key is needed): {exc}",
+                failure_class=FailureClass.CONFIGURATION,
+                detail={"stage": "AUTH"},
+            )
+        ) from exc
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return {"private_key": key_pem, "thumbprint": certificate.fingerprint(hashes.SHA1()).hex()}
+
+
+def _application(settings: ConnectSettings, credential: str | dict[str, str]) -> Any:
     import msal
 
     authority = (settings.oauth_authority or DEFAULT_AUTHORITY).rstrip("/")
-    key = (authority, settings.oauth_tenant_id.strip(), settings.oauth_client_id.strip(), settings.oauth_client_secret)
+    secret = credential if isinstance(credential, str) else credential["thumbprint"] + credential["private_key"]
+    key = (authority, settings.oauth_tenant_id.strip(), settings.oauth_client_id.strip(), secret)
     with _apps_lock:
         app = _apps.get(key)
         if app is None:
             app = msal.ConfidentialClientApplication(
                 key[2],
-                client_credential=key[3],
+                client_credential=credential,
                 authority=f"{authority}/{key[1]}",
                 # Microsoft's hosts are known to msal; a national cloud or test authority is
                 # taken as configured rather than looked up at login.microsoftonline.com.

@@ -72,6 +72,7 @@ class ConnectSettings:
     oauth_tenant_id: str = ""
     oauth_client_id: str = ""
     oauth_client_secret: str = ""
+    oauth_client_certificate: str = ""
     oauth_authority: str = ""
 
     @classmethod
@@ -92,6 +93,7 @@ class ConnectSettings:
             oauth_tenant_id=config.oauth_tenant_id,
             oauth_client_id=config.oauth_client_id,
             oauth_client_secret=config.oauth_client_secret,
+            oauth_client_certificate=config.oauth_client_certificate,
             oauth_authority=config.oauth_authority,
         )
 

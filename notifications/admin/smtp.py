@@ -64,6 +64,7 @@ class SmtpConfigurationForm(forms.ModelForm):
             "oauth_tenant_id",
             "oauth_client_id",
             "oauth_client_secret",
+            "oauth_client_certificate",
             "oauth_authority",
         ]
 
@@ -104,6 +105,9 @@ class SmtpConfigurationForm(forms.ModelForm):
     def clean_client_key(self) -> str:
         return self._clean_setting("client_key")
 
+    def clean_oauth_client_certificate(self) -> str:
+        return self._clean_setting("oauth_client_certificate")
+
     def clean_oauth_authority(self) -> str:
         return self._clean_setting("oauth_authority")
 
@@ -127,11 +131,16 @@ class SmtpConfigurationForm(forms.ModelForm):
                 self.add_error("oauth_client_secret", problem)
             cleaned["oauth_client_secret"] = stored.oauth_client_secret if stored is not None else ""
         if cleaned.get("auth_method") == SmtpConfiguration.AuthMethod.XOAUTH2:
-            for name in ("username", "oauth_tenant_id", "oauth_client_id", "oauth_client_secret"):
+            for name in ("username", "oauth_tenant_id", "oauth_client_id"):
                 if not cleaned.get(name) and name not in self.errors:
                     self.add_error(
                         name, "Required for OAuth 2.0 (XOAUTH2): the mailbox (username) and the app registration."
                     )
+            if not cleaned.get("oauth_client_secret") and not cleaned.get("oauth_client_certificate"):
+                self.add_error(
+                    "oauth_client_secret",
+                    "Required for OAuth 2.0 (XOAUTH2): a client secret or a client certificate.",
+                )
         if cleaned.get("client_key") and not cleaned.get("client_cert") and "client_key" not in self.errors:
             self.add_error("client_key", "A client key needs its client certificate.")
         return cleaned
@@ -166,6 +175,7 @@ class SmtpConfigurationAdmin(admin.ModelAdmin):
                     "oauth_client_id",
                     "oauth_client_secret",
                     "clear_oauth_client_secret",
+                    "oauth_client_certificate",
                     "oauth_authority",
                 )
             },

@@ -30,6 +30,7 @@ CONFIG = {
         "oauth_tenant_id": "",
         "oauth_client_id": "",
         "oauth_client_secret": "",
+        "oauth_client_certificate": "",
         "oauth_authority": "",
     },
     "policies": {

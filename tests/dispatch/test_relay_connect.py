@@ -108,6 +108,8 @@ class TokenEndpoint:
     def __init__(self, *, secret: str, token: str = "tok-1", expires_in: int = 3600) -> None:
         self.secret, self.token, self.expires_in = secret, token, expires_in
         self.token_requests = 0
+        self.certificate_key = None  # a public key: accept only client assertions it verifies
+        self.assertions: list[dict] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="token-endpoint-")
         cert, key = _self_signed_certificate()
         self.ca_file = str(Path(self._tmp.name) / "cert.pem")
@@ -145,6 +147,26 @@ class TokenEndpoint:
                 form = parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
                 with owner._lock:
                     owner.token_requests += 1
+                if owner.certificate_key is not None:
+                    # A certificate credential: a JWT signed with the certificate's key (RS256).
+                    import jwt
+
+                    assertion = form.get("client_assertion", [""])[0]
+                    try:
+                        claims = jwt.decode(
+                            assertion,
+                            owner.certificate_key,
+                            algorithms=["RS256", "PS256"],
+                            audience=owner.authority + self.path,
+                        )
+                    except jwt.PyJWTError as exc:
+                        self._json(401, {"error": "invalid_client", "error_description": f"bad assertion: {exc}"})
+                        return
+                    owner.assertions.append(claims)
+                    self._json(
+                        200, {"token_type": "Bearer", "expires_in": owner.expires_in, "access_token": owner.token}
+                    )
+                    return
                 if form.get("client_secret") != [owner.secret]:
                     self._json(401, {"error": "invalid_client", "error_description": "AADSTS7000215: Invalid secret."})
                     return
@@ -377,3 +399,62 @@ def test_a_client_certificate_is_presented_when_configured(db, tmp_path):
         controller.stop()
     (peer,) = sink.peer_certs
     assert peer is not None  # the server saw (and verified) our client certificate
+
+
+def test_xoauth2_with_a_client_certificate_signs_the_token_request(db, token_env, tmp_path):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "outbox-app")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem = tmp_path / "app.pem"
+    pem.write_bytes(
+        certificate.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    checker = XOAuth2Checker(user="alerts@contoso.example", token="tok-1")
+    with (
+        TokenEndpoint(secret="unused") as endpoint,
+        SmtpServer(auth_mechanisms={"XOAUTH2": checker}, auth_exclude=("PLAIN", "LOGIN")) as server,
+    ):
+        endpoint.certificate_key = key.public_key()
+        token_env.setenv("REQUESTS_CA_BUNDLE", endpoint.ca_file)
+        config = config_for(
+            server,
+            username="alerts@contoso.example",
+            auth_method="xoauth2",
+            oauth_tenant_id="contoso-tenant",
+            oauth_client_id="client-1",
+            oauth_client_certificate=str(pem),
+            oauth_authority=endpoint.authority,
+        )
+        email_send_test(config=config, to="op1@example.com")
+        assert server.count == 1
+        (claims,) = endpoint.assertions
+        assert claims["iss"] == claims["sub"] == "client-1"
+        unreadable = config_for(
+            server,
+            username="alerts@contoso.example",
+            auth_method="xoauth2",
+            oauth_tenant_id="contoso-tenant",
+            oauth_client_id="client-1",
+            oauth_client_certificate=str(tmp_path / "missing.pem"),
+            oauth_authority=endpoint.authority,
+        )
+        error = failure_of(unreadable)
+    assert error.failure_class == "configuration" and "missing.pem" in error.message
