@@ -12,6 +12,7 @@ class NotificationsConfig(AppConfig):
         from notifications.checks import (
             check_attachment_limit,
             check_channels,
+            check_plaintext_auth,
             check_schedules_present,
             check_secrets_decryptable,
         )
@@ -21,6 +22,7 @@ class NotificationsConfig(AppConfig):
 
         checks.register(check_secrets_decryptable, checks.Tags.database)
         checks.register(check_schedules_present, checks.Tags.database)
+        checks.register(check_plaintext_auth, checks.Tags.database)
         checks.register(check_attachment_limit)
         checks.register(check_channels, checks.Tags.database)
         # After every migrate: the worker's schedules exist without a deployment step.

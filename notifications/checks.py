@@ -17,7 +17,7 @@ def check_secrets_decryptable(app_configs: Sequence[AppConfig] | None = None, **
     """System check outbox.E001 (database tag, so run by migrate and `check --database default`):
     the stored SMTP password decrypts with the configured keys. Returns the errors found."""
     try:
-        SmtpConfiguration.objects.values_list("password", flat=True).first()
+        SmtpConfiguration.objects.values_list("password", "oauth_client_secret").first()
     except SecretDecryptionError as exc:
         return [Error(str(exc), id="outbox.E001")]
     except DatabaseError:
@@ -39,6 +39,28 @@ def check_schedules_present(app_configs: Sequence[AppConfig] | None = None, **kw
             f"The worker's schedules are missing: {', '.join(missing)}.",
             hint="Run `python manage.py migrate` (it creates them) or `python manage.py setup_schedules`.",
             id="outbox.W001",
+        )
+    ]
+
+
+def check_plaintext_auth(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """System check outbox.W003 (database tag): the SMTP configuration does not send a
+    username and password over an unencrypted connection (security=none). Returns the warning."""
+    try:
+        config = (
+            SmtpConfiguration.objects.only("username", "security").filter(pk=SmtpConfiguration.SINGLETON_PK).first()
+        )
+    except DatabaseError:
+        return []
+    if config is None or not config.username or config.security != SmtpConfiguration.Security.NONE:
+        return []
+    return [
+        Warning(
+            "The SMTP configuration authenticates with security=none: the username and password (or token) cross "
+            "the network unencrypted.",
+            hint="Set security to starttls or tls in the SMTP configuration (docs/relays.md), unless the relay "
+            "runs on this host.",
+            id="outbox.W003",
         )
     ]
 

@@ -12,7 +12,7 @@ webhook signing secrets are left out, and so are Apprise URLs, which hold creden
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email, validate_slug
+from django.core.validators import validate_slug
 from django.db import transaction
 
 from notifications.adapters import ADAPTER_PATHS
@@ -26,9 +26,14 @@ from notifications.channels_config import (
     validate_channels,
     validate_list_targets,
 )
+from notifications.email_address import email_address_problem
 from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, notification_lists_by_name
 from notifications.models import EmailRecipient, NotificationList, SmtpConfiguration
-from notifications.operations import smtp_password_kept_problem
+from notifications.operations import (
+    smtp_oauth_secret_kept_problem,
+    smtp_password_kept_problem,
+    smtp_setting_problem,
+)
 from notifications.policies import delivery_policies_all, delivery_policy_store, delivery_policy_validate
 from sites.models import Site
 
@@ -43,7 +48,19 @@ SMTP_FIELDS = {
     "data_timeout_seconds": int,
     "max_retries": int,
     "retry_interval_seconds": int,
+    "local_hostname": str,
+    "ca_file": str,
+    "client_cert": str,
+    "client_key": str,
+    "auth_method": str,
+    "oauth_tenant_id": str,
+    "oauth_client_id": str,
+    "oauth_client_secret": str,
+    "oauth_client_certificate": str,
+    "oauth_authority": str,
 }
+# Secrets: imported when given (an absent or empty one keeps the stored one), never exported.
+SMTP_SECRETS = ("password", "oauth_client_secret")
 SMTP_REQUIRED = ("host", "from_address")
 LIST_FIELDS = {"name", "description", "recipient_mode", "email", *TARGET_KEYS}
 SITE_FIELDS = {"site_id", "name", "active"}
@@ -81,10 +98,24 @@ def _validate_smtp(smtp: Any, problems: list[str]) -> None:
     if isinstance(smtp.get("max_retries"), int) and smtp["max_retries"] < 0:
         problems.append("smtp.max_retries: must not be negative.")
     if isinstance(smtp.get("from_address"), str) and smtp["from_address"]:
-        try:
-            validate_email(smtp["from_address"])
-        except ValidationError:
-            problems.append(f"smtp.from_address: {smtp['from_address']!r} is not a valid email address.")
+        problem = email_address_problem(smtp["from_address"])
+        if problem:
+            problems.append(f"smtp.from_address: {problem}")
+    if isinstance(smtp.get("auth_method"), str) and smtp["auth_method"] not in SmtpConfiguration.AuthMethod.values:
+        allowed = ", ".join(SmtpConfiguration.AuthMethod.values)
+        problems.append(f"smtp.auth_method: {smtp['auth_method']!r} is not one of {allowed}.")
+    for name in (
+        "local_hostname",
+        "ca_file",
+        "client_cert",
+        "client_key",
+        "oauth_client_certificate",
+        "oauth_authority",
+    ):
+        if isinstance(smtp.get(name), str) and smtp[name]:
+            problem = smtp_setting_problem(name, smtp[name])
+            if problem:
+                problems.append(f"smtp.{name}: {problem}")
 
 
 def _validate_policies(policies: Any, problems: list[str]) -> None:
@@ -141,12 +172,9 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             continue
         lowered: set[str] = set()
         for position, address in enumerate(emails):
-            try:
-                if not isinstance(address, str):
-                    raise ValidationError("not a string")
-                validate_email(address)
-            except ValidationError:
-                problems.append(f"{where}.email[{position}]: {address!r} is not a valid email address.")
+            problem = email_address_problem(address) if isinstance(address, str) else f"{address!r} is not a string."
+            if problem:
+                problems.append(f"{where}.email[{position}]: {problem}")
                 continue
             if address.lower() in lowered:
                 problems.append(f"{where}.email[{position}]: {address!r} is listed twice.")
@@ -228,12 +256,16 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
             problem = smtp_password_kept_problem(stored=config, changes=smtp)
             if problem:
                 raise ConfigFileError([f"smtp.password: {problem}"])
+        if not smtp.get("oauth_client_secret"):
+            problem = smtp_oauth_secret_kept_problem(stored=config, changes=smtp)
+            if problem:
+                raise ConfigFileError([f"smtp.oauth_client_secret: {problem}"])
         summary["smtp"] = "updated" if config.pk else "created"
         for name in SMTP_FIELDS:
-            if name == "password":
-                # Export leaves the password out; an absent or empty one keeps the stored secret.
-                if smtp.get("password"):
-                    config.password = smtp["password"]
+            if name in SMTP_SECRETS:
+                # Export leaves the secrets out; an absent or empty one keeps the stored secret.
+                if smtp.get(name):
+                    setattr(config, name, smtp[name])
             elif name in smtp:
                 setattr(config, name, smtp[name])
         config.save()
@@ -288,7 +320,7 @@ def configuration_export() -> dict[str, Any]:
         data["channels"] = channels
     config = SmtpConfiguration.current()
     if config is not None:
-        data["smtp"] = {name: getattr(config, name) for name in SMTP_FIELDS if name != "password"}
+        data["smtp"] = {name: getattr(config, name) for name in SMTP_FIELDS if name not in SMTP_SECRETS}
     # Every channel's effective policy, stored or default: importing the file reproduces it.
     data["policies"] = {channel: policy.as_dict() for channel, policy in delivery_policies_all().items()}
     for notification_list in NotificationList.objects.prefetch_related(

@@ -247,6 +247,49 @@ class SmtpConfiguration(models.Model):
             "(OUTBOX_LEASE_SECONDS)."
         ),
     )
+    # Identity and TLS trust (docs/relays.md).
+    local_hostname = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text="The name sent with EHLO; blank: this host's fully qualified name. Relays that refuse "
+        "non-FQDN HELO names need a real one here.",
+    )
+    ca_file = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Path of a PEM file of CA certificates trusted for the server's certificate, in addition "
+        "to the system's (a private CA). Must exist on every worker host.",
+    )
+    client_cert = models.CharField(
+        max_length=500, blank=True, help_text="Path of a PEM client certificate presented to the server."
+    )
+    client_key = models.CharField(
+        max_length=500, blank=True, help_text="Path of the client certificate's private key (blank: in the same file)."
+    )
+
+    class AuthMethod(models.TextChoices):
+        PASSWORD = "password", "Password (PLAIN, LOGIN or CRAM-MD5)"
+        XOAUTH2 = "xoauth2", "OAuth 2.0 (XOAUTH2, Microsoft 365)"
+
+    auth_method = models.CharField(max_length=16, choices=AuthMethod.choices, default=AuthMethod.PASSWORD)
+    oauth_tenant_id = models.CharField("OAuth tenant id", max_length=100, blank=True)
+    oauth_client_id = models.CharField("OAuth client id", max_length=100, blank=True)
+    oauth_client_secret = EncryptedTextField(
+        "OAuth client secret", blank=True, help_text="Stored encrypted; never exported or shown."
+    )
+    oauth_client_certificate = models.CharField(
+        "OAuth client certificate",
+        max_length=500,
+        blank=True,
+        help_text="Instead of a client secret: path of a PEM file with the app registration's certificate and its "
+        "(unencrypted, RSA) private key.",
+    )
+    oauth_authority = models.CharField(
+        "OAuth authority",
+        max_length=255,
+        blank=True,
+        help_text="Blank: https://login.microsoftonline.com. Another https URL for a national cloud.",
+    )
     # Email's retry timing while no delivery policy for email is stored (DeliveryPolicy).
     max_retries = models.PositiveIntegerField(default=10)
     retry_interval_seconds = models.PositiveIntegerField(default=60)

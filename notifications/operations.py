@@ -16,9 +16,13 @@ overwritten (the loser sees the row as skipped). Every changed row gets an admin
 naming the user; Retry, Retry now and Requeue then ask for a dispatch at once.
 """
 
+import ipaddress
+import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -150,6 +154,56 @@ def smtp_password_kept_problem(*, stored: SmtpConfiguration | None, changes: dic
         f"Re-enter the password (or remove it): the {', '.join(moved)} changed, and the stored password is only "
         "ever sent to the server it was entered for."
     )
+
+
+def smtp_oauth_secret_kept_problem(*, stored: SmtpConfiguration | None, changes: dict[str, Any]) -> str | None:
+    """Why the stored OAuth client secret may not be kept with ``changes``, or None: as with
+    the password, a changed token endpoint (``oauth_authority``) or tenant needs the secret
+    entered again, so that nobody can redirect the stored secret to a server of their choosing."""
+    if stored is None or stored.pk is None or not stored.oauth_client_secret:
+        return None
+    moved = [
+        name
+        for name in ("oauth_authority", "oauth_tenant_id")
+        if name in changes and changes[name] != getattr(stored, name)
+    ]
+    if not moved:
+        return None
+    return (
+        f"Re-enter the OAuth client secret (or remove it): the {', '.join(moved)} changed, and the stored secret is "
+        "only ever sent to the token endpoint it was entered for."
+    )
+
+
+_HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def smtp_setting_problem(name: str, value: str) -> str | None:
+    """Why ``value`` cannot be the SMTP configuration's ``name`` (local_hostname, ca_file,
+    client_cert, client_key, oauth_client_certificate or oauth_authority), in words, or None."""
+    if name == "local_hostname":
+        if value.startswith("[") and value.endswith("]"):
+            try:
+                ipaddress.ip_address(value[1:-1].removeprefix("IPv6:"))
+            except ValueError:
+                return f"{value!r} is not an address literal such as [192.0.2.1]."
+            return None
+        labels = value.rstrip(".").split(".")
+        if len(value) > 253 or not all(_HOSTNAME_LABEL.match(label) for label in labels):
+            return f"{value!r} is not a host name (letters, digits and hyphens in dot-separated labels)."
+        if len(labels) < 2:
+            return f"{value!r} is not fully qualified: relays expect a name such as outbox.example.com."
+        return None
+    if name in ("ca_file", "client_cert", "client_key", "oauth_client_certificate"):
+        if not os.path.isabs(value):
+            return f"{value!r} must be an absolute path (the same on every web and worker host)."
+        return None
+    if name == "oauth_authority":
+        parsed = urlsplit(value)
+        if parsed.scheme != "https" or not parsed.hostname:
+            return f"{value!r} must be an https URL such as https://login.microsoftonline.com."
+        return None
+    return None
 
 
 def notification_discard(*, notification_ids: Iterable[Any], user: User, reason: str) -> ActionResult:

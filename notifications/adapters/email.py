@@ -21,7 +21,6 @@ it connects, authenticates and classifies failures exactly as delivery does.
 import contextlib
 import re
 import smtplib
-import socket
 import ssl
 import threading
 import time
@@ -29,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email.utils import format_datetime
-from functools import cache, partial
+from functools import partial
 from typing import Any
 
 from django.utils import timezone
@@ -48,7 +47,17 @@ from notifications.adapters.base import (
     targets_owed,
 )
 from notifications.adapters.email_compose import email_compose, message_id_for
+from notifications.adapters.oauth import oauth_token
+from notifications.adapters.smtp_connect import (
+    AuthGate,
+    ConnectFailure,
+    ConnectSettings,
+    connect_hint,
+    smtp_open,
+    tls_context,
+)
 from notifications.backoff import RetryTiming
+from notifications.email_address import AddressNotSendable, address_ascii_domain, envelope_address, needs_smtputf8
 from notifications.email_content import EmailContent, email_content_read
 from notifications.list_names import notification_lists_by_name, text_control_problem
 from notifications.models import EmailRecipient, Notification, RecipientMode, SmtpConfiguration
@@ -130,6 +139,9 @@ class EmailSession(Session):
         self.from_address = config.from_address
         self.timeout = config.timeout_seconds
         self.data_timeout = config.data_timeout_seconds
+        self.connect_settings = ConnectSettings.of(config)
+        self._auth_gate = AuthGate()  # one failed AUTH per session (pass) at most
+        self._tls_context: ssl.SSLContext | None = None
         self._idle: list[smtplib.SMTP] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -137,25 +149,34 @@ class EmailSession(Session):
     # --- connections ----------------------------------------------------------------------
 
     def _connect(self) -> smtplib.SMTP:
-        context = ssl.create_default_context() if self.security != SmtpConfiguration.Security.NONE else None
-        smtp: smtplib.SMTP
-        if self.security == SmtpConfiguration.Security.TLS:
-            smtp = smtplib.SMTP_SSL(
-                self.host, self.port, local_hostname=_local_hostname(), timeout=self.timeout, context=context
-            )
-        else:
-            smtp = smtplib.SMTP(self.host, self.port, local_hostname=_local_hostname(), timeout=self.timeout)
+        """A new connection, set up by notifications.adapters.smtp_connect (EHLO name, TLS
+        trust, one AUTH per session after a failure). Raises ConnectFailure carrying the
+        classified error with a hint for a port/security mismatch."""
+        settings = self.connect_settings
         try:
-            smtp.ehlo()
-            if self.security == SmtpConfiguration.Security.STARTTLS:
-                smtp.starttls(context=context)
-                smtp.ehlo()
-            if self.username:
-                smtp.login(self.username, self.password)
-        except BaseException:
-            _discard(smtp)
+            if self._tls_context is None and self.security != SmtpConfiguration.Security.NONE:
+                self._tls_context = tls_context(settings)
+            return smtp_open(
+                settings,
+                context=self._tls_context,
+                gate=self._auth_gate,
+                classify=lambda exc: classify(exc, stage="AUTH"),
+                token=(lambda: oauth_token(settings)) if settings.auth_method == "xoauth2" else None,
+            )
+        except DeliveryError as config_error:
+            raise ConnectFailure(config_error) from config_error
+        except ConnectFailure:
             raise
-        return smtp
+        except (smtplib.SMTPException, OSError) as exc:
+            failure = classify(exc, stage=getattr(exc, "stage", "connect"))
+            hint = connect_hint(exc, settings)
+            if hint:
+                failure = DeliveryError(
+                    f"{failure.message}. {hint}",
+                    failure_class=failure.failure_class,
+                    detail={**failure.detail, "hint": hint},
+                )
+            raise ConnectFailure(failure) from exc
 
     def _take(self) -> tuple[smtplib.SMTP, bool]:
         """An idle connection (reused=True) or a new one."""
@@ -284,7 +305,11 @@ class EmailSession(Session):
         more (those are ``leftover``), DATA to the accepted ones. Never raises for what the
         server answers or for a lost connection: every target handled gets its entry."""
         try:
-            code, reply = smtp.mail(self.from_address)
+            smtputf8, sender, options = _mail_from(smtp, self.from_address, message, targets)
+        except ConnectFailure as exc:  # the From address cannot be written for this server
+            return _Transaction(entries=_failed(targets, exc.error), failure=exc.error)
+        try:
+            code, reply = smtp.mail(sender, options)
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="MAIL FROM")
             return _Transaction(
@@ -302,7 +327,12 @@ class EmailSession(Session):
         leftover: list[str] = []
         for index, target in enumerate(targets):
             try:
-                code, reply = smtp.rcpt(target)
+                address = envelope_address(target, smtputf8=smtputf8)
+            except AddressNotSendable as exc:
+                entries.append(_not_sendable(target, exc))
+                continue
+            try:
+                code, reply = smtp.rcpt(address)
             except (smtplib.SMTPException, OSError) as exc:
                 failure = classify(exc, stage="RCPT TO")
                 return _Transaction(
@@ -419,8 +449,8 @@ class EmailSession(Session):
         )
         domain = self.from_address.rpartition("@")[2] or "outbox"
         return email_compose(
-            from_address=self.from_address,
-            to=to,
+            from_address=_header_address(self.from_address),
+            to=[_header_address(address) for address in to],
             subject=notification.subject,
             body=notification.body,
             message_id=message_id_for(
@@ -477,12 +507,29 @@ def _all_refused(refused: list[dict[str, Any]]) -> DeliveryError:
         failure_class = _reply_class(temporary[0].get("smtp_code") or 0, temporary[0].get("error", ""), stage="RCPT TO")
     else:
         failure_class = FailureClass.RECIPIENT_REJECTED
+    hint = ""
+    if any(_helo_refused(r["error"]) for r in refused):
+        # The relay refuses our EHLO name (reported at RCPT TO, as Postfix does by default):
+        # no recipient is at fault, the configuration is.
+        failure_class, hint = FailureClass.CONFIGURATION, f" {HELO_HINT}"
     return DeliveryError(
-        f"Every recipient was refused: {detail}"[:2000],
+        f"Every recipient was refused: {detail}{hint}"[:2000],
         failure_class=failure_class,
         detail={"smtp_code": codes[-1], "stage": "RCPT TO"},
         targets=refused,
     )
+
+
+HELO_HINT = (
+    "The relay refuses the EHLO name: set local_hostname in the SMTP configuration to this host's fully "
+    "qualified domain name."
+)
+
+
+def _helo_refused(text: str) -> bool:
+    """True when a reply's ``text`` says the relay refuses our HELO/EHLO name."""
+    lowered = text.lower()
+    return "helo command rejected" in lowered or ("helo" in lowered and "fully" in lowered)
 
 
 # An enhanced status code (RFC 3463) at the start of a reply's text, e.g. "4.7.0".
@@ -529,6 +576,8 @@ def classify(exc: BaseException, *, stage: str = "") -> DeliveryError:
     """The one place SMTP failures become DeliveryErrors with their failure class (the mapping
     is tabulated in docs/architecture.md)."""
     where = f" at {stage}" if stage else ""
+    if isinstance(exc, ConnectFailure):
+        return exc.error  # classified (with its hint) while connecting
     if isinstance(exc, smtplib.SMTPAuthenticationError):
         # Wrong or expired credentials: every message would fail the same way, so the channel
         # waits (circuit breaker) until they are fixed, instead of hammering the account.
@@ -549,18 +598,22 @@ def classify(exc: BaseException, *, stage: str = "") -> DeliveryError:
             detail={"stage": stage},
         )
     if isinstance(exc, ssl.SSLCertVerificationError):
-        # An untrusted or mismatched certificate is a configuration problem, not an outage.
+        # An untrusted or mismatched certificate: nothing is deliverable until it (or ca_file)
+        # is fixed, so the channel holds its rows (a channel failure) rather than parking each.
         return DeliveryError(
             f"TLS certificate of the SMTP server is not trusted: {exc.verify_message}",
-            failure_class=FailureClass.CONFIGURATION,
-            detail={"stage": stage},
+            failure_class=FailureClass.CONNECTION,
+            detail={"stage": stage, "certificate": True},
         )
     if isinstance(exc, smtplib.SMTPResponseException):
         code, text = exc.smtp_code, _text(exc.smtp_error)
         failure_class = _reply_class(code, text, stage=stage)
         verb = "deferred" if 400 <= code <= 499 else "refused"
+        hint = ""
+        if 500 <= code <= 599 and (stage in ("EHLO", "HELO") or _helo_refused(text)):
+            failure_class, hint = FailureClass.CONFIGURATION, f" {HELO_HINT}"
         return DeliveryError(
-            f"SMTP server {verb} the message{where}: {code} {text}",
+            f"SMTP server {verb} the message{where}: {code} {text}{hint}",
             failure_class=failure_class,
             detail={"smtp_code": code, "smtp_reply": text[:200], "stage": stage},
         )
@@ -634,14 +687,40 @@ def _discard(smtp: smtplib.SMTP) -> None:
         smtp.close()
 
 
-@cache
-def _local_hostname() -> str:
-    """Our EHLO name, looked up once: smtplib would resolve it again on every connection."""
-    started = time.monotonic()
-    name = socket.getfqdn()
-    if time.monotonic() - started > 1 or not name:
-        return "localhost"
-    return name
+def _mail_from(smtp: smtplib.SMTP, sender: str, message: bytes, targets: list[str]) -> tuple[bool, str, list[str]]:
+    """For MAIL FROM: whether SMTPUTF8 is used, the sender as written, and the parameters:
+    ``SIZE=`` when the server advertises SIZE (an oversize message is refused before it is
+    sent), ``SMTPUTF8`` when an address needs it and the server offers it."""
+    smtputf8 = smtp.has_extn("smtputf8") and needs_smtputf8([sender, *targets])
+    options = [f"SIZE={len(message)}"] if smtp.has_extn("size") else []
+    if smtputf8:
+        options.append("SMTPUTF8")
+    try:
+        written = envelope_address(sender, smtputf8=smtputf8)
+    except AddressNotSendable as exc:
+        raise ConnectFailure(
+            DeliveryError(
+                f"Refused to send: the From address: {exc}. Use an ASCII local part, or a relay that offers SMTPUTF8.",
+                failure_class=FailureClass.CONFIGURATION,
+                detail={"stage": "MAIL FROM"},
+            )
+        ) from exc
+    return smtputf8, written, options
+
+
+def _header_address(address: str) -> str:
+    """``address`` as shown in a header: its domain in ASCII (punycode). An address whose
+    domain IDNA 2008 refuses is shown as it is (its envelope recipient fails on its own)."""
+    try:
+        return address_ascii_domain(address)
+    except AddressNotSendable:
+        return address
+
+
+def _not_sendable(target: str, exc: AddressNotSendable) -> dict[str, Any]:
+    """The outcome of a recipient that cannot be written for this server: refused by Outbox
+    itself (553, "mailbox name not allowed", as a server would say), never retried."""
+    return {"target": target, "outcome": "refused", "smtp_code": 553, "error": f"not sent: {exc}", "local": True}
 
 
 # A recipient whose message was handed over this many times without an answer is not sent it

@@ -192,7 +192,9 @@ def compose_message(
         'Content-Type: text/plain; charset="utf-8"\r\n'
         f"Content-Transfer-Encoding: {encoding}\r\n\r\n"
     )
-    return headers.encode("ascii") + payload + (b"" if payload.endswith(b"\r\n") else b"\r\n")
+    # Headers are ASCII, but for an address whose local part has no ASCII form (sent with
+    # SMTPUTF8, whose messages carry UTF-8 headers as they are: RFC 6532).
+    return headers.encode("utf-8") + payload + (b"" if payload.endswith(b"\r\n") else b"\r\n")
 
 
 def compose_rich(

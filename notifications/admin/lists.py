@@ -10,6 +10,7 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
 from notifications.admin.channels import CHANNEL_INLINES
+from notifications.email_address import email_address_problem
 from notifications.list_names import list_name_normalize, list_name_problem, notification_list_clash
 from notifications.models import EmailRecipient, NotificationList
 
@@ -40,6 +41,10 @@ class EmailRecipientFormSet(forms.BaseInlineFormSet):
                 continue
             email = (form.cleaned_data.get("email") or "").strip().lower()
             if not email:
+                continue
+            problem = email_address_problem(email)
+            if problem:
+                form.add_error("email", problem)
                 continue
             if email in seen:
                 form.add_error("email", f"{email} is already in this list (addresses ignore case).")

@@ -163,6 +163,8 @@ def list_form(name, *emails, prefix="email_recipients"):
         f"{prefix}-INITIAL_FORMS": "0",
     }
     data.update({f"{prefix}-{i}-email": email for i, email in enumerate(emails)})
+    for channel_prefix in ("teams_targets", "webhook_targets", "sms_targets", "apprise_targets"):
+        data.update({f"{channel_prefix}-TOTAL_FORMS": "0", f"{channel_prefix}-INITIAL_FORMS": "0"})
     return data
 
 

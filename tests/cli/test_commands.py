@@ -24,6 +24,16 @@ CONFIG = {
         "data_timeout_seconds": 900,
         "max_retries": 10,
         "retry_interval_seconds": 60,
+        "local_hostname": "outbox.example.com",
+        "ca_file": "/etc/outbox/relay-ca.pem",
+        "client_cert": "",
+        "client_key": "",
+        "auth_method": "password",
+        "oauth_tenant_id": "",
+        "oauth_client_id": "",
+        "oauth_client_secret": "",
+        "oauth_client_certificate": "",
+        "oauth_authority": "",
     },
     "policies": {
         "email": {
@@ -113,7 +123,7 @@ def test_import_creates_everything_and_export_round_trips_without_secrets(db, tm
     assert "password" not in data["smtp"]
     assert "s3cret" not in exported
     expected = json.loads(json.dumps(CONFIG))
-    del expected["smtp"]["password"]
+    del expected["smtp"]["password"], expected["smtp"]["oauth_client_secret"]
     # Every channel's effective policy is exported, the defaults of the channels the file left out too.
     for channel in ("teams", "webhook", "sms", "apprise"):
         expected["policies"][channel] = delivery_policy_default(channel=channel).as_dict()

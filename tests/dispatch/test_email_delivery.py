@@ -246,14 +246,21 @@ def test_encrypted_connections_deliver_when_the_certificate_is_trusted(db, monke
     assert fresh(notification).status == Status.DELIVERED
 
 
-def test_untrusted_certificate_parks_as_a_configuration_problem(db):
+def test_untrusted_certificate_holds_the_row_and_ca_file_delivers_it(db):
     with SmtpServer(security="starttls") as server:
         configure_smtp(server, security="starttls")
         (notification,) = queue()
         run_pass()
-    notification = fresh(notification)
-    assert notification.status == Status.PARKED
-    assert "certificate" in notification.last_error
+        notification = fresh(notification)
+        assert notification.status == Status.RETRYING  # held (channel failure), not parked
+        assert "certificate" in notification.last_error
+        assert notification.attempts.get().failure_class == "connection"
+        # Trusting the server's CA through the configuration (not SSL_CERT_FILE) delivers it.
+        configure_smtp(server, security="starttls", ca_file=server.ca_file)
+        Notification.objects.filter(pk=notification.pk).update(next_attempt_at=timezone.now())
+        run_pass()
+        assert server.count == 1
+    assert fresh(notification).status == Status.DELIVERED
 
 
 def test_unknown_list_parks_without_contacting_the_server(smtp_server, smtp_config):

@@ -22,7 +22,11 @@
         smtp.greylist = {"b@x.org"}                  # 450 4.7.1 at its first RCPT TO, accepted after
         smtp.copies_by_recipient()                  # Counter: messages received per envelope recipient
 
-Options: ``security="starttls"`` or ``"tls"`` (a self-signed certificate for 127.0.0.1 whose
+Options: ``smtputf8=True`` offers SMTPUTF8; ``auth_mechanisms={"NTLM": handler}`` adds AUTH
+mechanisms (an aiosmtpd ``auth_<NAME>(server, args)`` coroutine each) and
+``auth_exclude=("PLAIN", "LOGIN")`` removes built-in ones; ``smtp.mail_options`` lists the
+MAIL FROM parameters of every transaction and ``smtp.auth_attempts`` counts AUTH commands
+checked by the password authenticator. ``security="starttls"`` or ``"tls"`` (a self-signed certificate for 127.0.0.1 whose
 file is ``smtp.ca_file``: point SSL_CERT_FILE at it), ``auth=("user", "password")`` (a failed
 login is answered ``smtp.auth_failure_reply``, 535 by default). ``replying_port(greeting)``
 is a port whose server greets with a refusal (421 or 554) and says nothing else.
@@ -84,6 +88,7 @@ class _Handler:
     async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str, mail_options: list[str]) -> str:
         with self.server._lock:
             self.server.sessions.add(id(session))
+            self.server.mail_options.append(list(mail_options))
         if self.server.mode == "mail":
             return self.server.mail_reply
         envelope.mail_from = address
@@ -153,13 +158,26 @@ class SmtpServer:
     """A controllable aiosmtpd server on 127.0.0.1 (a free port unless given)."""
 
     def __init__(
-        self, *, port: int = 0, security: str = "none", auth: tuple[str, str] | None = None, keep_content: bool = True
+        self,
+        *,
+        port: int = 0,
+        security: str = "none",
+        auth: tuple[str, str] | None = None,
+        keep_content: bool = True,
+        smtputf8: bool = False,
+        auth_mechanisms: dict[str, Any] | None = None,
+        auth_exclude: Iterable[str] = (),
     ) -> None:
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self.security = security
         self.auth = auth
         self.keep_content = keep_content
+        self.smtputf8 = smtputf8
+        self.auth_mechanisms = auth_mechanisms or {}
+        self.auth_exclude = list(auth_exclude)
+        self.mail_options: list[list[str]] = []
+        self.auth_attempts = 0
         self.mode = "accept"
         self.refuse: set[str] = set()
         self.only_for: set[str] = set()
@@ -309,6 +327,8 @@ class SmtpServer:
             self.received.clear()
             self.ids.clear()
             self.sessions.clear()
+            self.mail_options.clear()
+            self.auth_attempts = 0
             self.accepted_times.clear()
             self.deferred.clear()
             self.throttled = 0
@@ -330,7 +350,19 @@ class SmtpServer:
         if self.auth:
             user, password = self.auth
             kwargs.update(auth_require_tls=False, authenticator=_Authenticator(self, user, password))
-        controller = Controller(_Handler(self), hostname=self.host, port=self.port, ready_timeout=10, **kwargs)
+        handler = _Handler(self)
+        for name, method in self.auth_mechanisms.items():
+            setattr(handler, f"auth_{name.replace('-', '__')}", method)
+        if self.auth_mechanisms or self.auth_exclude:
+            kwargs.update(auth_require_tls=False, auth_exclude_mechanism=self.auth_exclude)
+        controller = Controller(
+            handler,
+            hostname=self.host,
+            port=self.port,
+            ready_timeout=10,
+            enable_SMTPUTF8=self.smtputf8,
+            **kwargs,
+        )
         controller.start()
         self._controller = controller
         return self
@@ -364,6 +396,8 @@ class _Authenticator:
         self.user, self.password = user.encode(), password.encode()
 
     def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: object) -> AuthResult:
+        with self.owner._lock:
+            self.owner.auth_attempts += 1
         ok = isinstance(auth_data, LoginPassword) and (auth_data.login, auth_data.password) == (
             self.user,
             self.password,
