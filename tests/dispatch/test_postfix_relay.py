@@ -160,3 +160,24 @@ def test_an_oversize_message_is_refused_at_mail_from_before_it_is_sent(db, opera
         assert "552" in notification.last_error and "MAIL FROM" in notification.last_error
         assert notification.attempts.get().failure_class == "content_rejected"
         assert sink.count == 0
+
+
+def test_120_recipients_through_a_relay_that_takes_50_per_transaction_each_receive_it_once(db, relay, sink):
+    """Postfix answers the 51st RCPT TO with ``452 4.5.3 Error: too many recipients``: the
+    adapter sends the rest in further transactions of the same attempt (RFC 5321 4.5.3.1.10)."""
+    assert relay.recipient_limit == 50
+    relay_config(relay)
+    addresses = [f"member{index:03d}@example.com" for index in range(120)]
+    members("Everyone", *addresses)
+    (notification,) = queue(list_name="Everyone")
+    run_pass()
+    row = fresh(notification)
+    assert row.status == Status.DELIVERED, row.last_error
+    deadline = time.monotonic() + 30
+    while sum(sink.copies_by_recipient().values()) < 120 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    relay.wait_until_idle()
+    copies = sink.copies_by_recipient()
+    assert copies == dict.fromkeys(addresses, 1)
+    # Postfix queued three messages of 50, 50 and 20 recipients (its limit held every time).
+    assert relay.log_count("nrcpt=50 ") == 2 and relay.log_count("nrcpt=20 ") == 1, relay.log_text()[-3000:]
