@@ -63,6 +63,7 @@ from notifications.health import (
     channels_refresh,
     dispatch_channels,
 )
+from notifications.metrics import deliveries_observe
 from notifications.models import ChannelHealth, DeliveryAttempt, DispatchTimer, Notification
 from notifications.policies import delivery_expired_message, delivery_failure_decide, delivery_policy_default
 
@@ -252,6 +253,7 @@ class DeliveryOutcome:
     error: DeliveryError | None = None
     duration_ms: int = 0
     started: bool = True
+    adapter_called: bool = False  # False for a failure found before delivery (an unknown list, …)
 
 
 def notification_deliver(*, notification: Notification, targets: list[str], session: Session) -> DeliveryOutcome:
@@ -267,7 +269,8 @@ def notification_deliver(*, notification: Notification, targets: list[str], sess
     except Exception as exc:  # a bug in an adapter must not kill the pass or lose the row
         logger.exception("adapter crashed delivering %s", notification.pk)
         error = DeliveryError(f"Adapter error: {type(exc).__name__}: {exc}", failure_class=FailureClass.UNKNOWN)
-    return DeliveryOutcome(result=result, error=error, duration_ms=int((time.monotonic() - clock) * 1000))
+    seconds = time.monotonic() - clock
+    return DeliveryOutcome(result=result, error=error, duration_ms=int(seconds * 1000), adapter_called=True)
 
 
 @dataclass(frozen=True)
@@ -312,8 +315,9 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
     """
     now = now or database_now()
     report = FinishReport()
-    groups: dict[tuple[str, str, str], tuple[dict[str, Any], list[Any]]] = {}
+    groups: dict[tuple[str, str, str, str], tuple[dict[str, Any], list[Notification]]] = {}
     finished, unstarted = [], []
+    durations: list[tuple[str, float]] = []
     by_channel: dict[str, tuple[Channel, list[str | None], list[str]]] = {}
     for item in outcomes:
         row, attempt = item.notification, item.attempt
@@ -327,21 +331,30 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             changes["last_attempt_at"] = attempt.started_at
             _attempt_finish(attempt, item.outcome, kind=kind, probe=item.probe)
             finished.append(attempt)
+            if item.outcome.adapter_called:
+                durations.append((item.channel.name, item.outcome.duration_ms / 1000))
             error = item.outcome.error
             seen[1].append(None if error is None else error.failure_class)
             if error is not None and error.failure_class in CHANNEL_FAILURES:
                 seen[2].append(error.message)
         # Text from remote servers (replies, refusals) must not make the transaction fail.
         changes = db.storable(changes)
-        key = (row.status, kind, json.dumps(changes, sort_keys=True, default=str))
-        groups.setdefault(key, (changes, []))[1].append(row.pk)
+        key = (item.channel.name, row.status, kind, json.dumps(changes, sort_keys=True, default=str))
+        groups.setdefault(key, (changes, []))[1].append(row)
+    counted: list[tuple[str, str, int]] = []
+    delivered_created: list[datetime] = []
     with transaction.atomic():
-        for (claimed_status, kind, _), (changes, pks) in groups.items():
-            updated = Notification.objects.filter(pk__in=pks, status=claimed_status, claimed_by=worker_id).update(
-                **changes
-            )
+        for (channel_name, claimed_status, kind, _), (changes, rows) in groups.items():
+            updated = Notification.objects.filter(
+                pk__in=[row.pk for row in rows], status=claimed_status, claimed_by=worker_id
+            ).update(**changes)
             setattr(report, kind, getattr(report, kind) + updated)
-            report.lost += len(pks) - updated
+            report.lost += len(rows) - updated
+            if kind != "released":
+                counted.append((channel_name, kind, updated))
+            if kind == "delivered":
+                # Which rows of a partly lost group were delivered is not known; as many are timed.
+                delivered_created += [row.created_at for row in rows[:updated]]
         if unstarted:
             DeliveryAttempt.objects.filter(pk__in=unstarted, outcome=DeliveryAttempt.Outcome.IN_PROGRESS).delete()
         db.update_by_pk(finished, ATTEMPT_RESULT_FIELDS)
@@ -356,6 +369,10 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             now=now,
             last_error=db.storable(messages[-1]) if messages else "",
         )
+    try:
+        deliveries_observe(finished=counted, durations=durations, delivered_created=delivered_created, now=now)
+    except Exception:  # the results are recorded; metrics must never cost a pass
+        logger.exception("could not record delivery metrics")
     return report
 
 

@@ -85,8 +85,8 @@ SECURE_HSTS_PRELOAD = _read("SECURE_HSTS_PRELOAD", "bool", OUTBOX_HTTPS)
 OUTBOX_BEHIND_PROXY = _read("OUTBOX_BEHIND_PROXY", "bool", False)
 if OUTBOX_BEHIND_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-# /healthz is probed over plain HTTP by load balancers and must not redirect.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# /healthz is probed over plain HTTP by load balancers, and /metrics by a local Prometheus: no redirect.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
@@ -269,6 +269,15 @@ OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
 OUTBOX_AUTH_FAILURE_BURST = _read("OUTBOX_AUTH_FAILURE_BURST", "int", 20)
 OUTBOX_AUTH_FAILURE_RATE = _read("OUTBOX_AUTH_FAILURE_RATE", "float", 10.0)
 OUTBOX_BENCH_RAW_VIEW = _read("OUTBOX_BENCH_RAW_VIEW", "bool", False)
+# GET /metrics (docs/observability.md): a bearer token that lets a scraper in from anywhere;
+# without it only clients on this host (loopback, not relayed by a proxy) may read the metrics.
+OUTBOX_METRICS_TOKEN = _read("OUTBOX_METRICS_TOKEN", "str", "")
+# The database gauges are read at most once per this many seconds per web process.
+OUTBOX_METRICS_CACHE_SECONDS = _read("OUTBOX_METRICS_CACHE_SECONDS", "float", 5.0)
+if OUTBOX_METRICS_CACHE_SECONDS < 0:
+    raise ImproperlyConfigured(
+        f"Environment variable OUTBOX_METRICS_CACHE_SECONDS must be 0 or more, got {OUTBOX_METRICS_CACHE_SECONDS!r}"
+    )
 # Email attachments (type_data.attachments): their total decoded size per notification, and the
 # content types a site may attach. Base64 makes an attachment a third larger in the request, so
 # keep the bound well inside OUTBOX_MAX_BODY_BYTES (a system check warns otherwise).
