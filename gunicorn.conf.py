@@ -45,6 +45,12 @@ def child_exit(server: object, worker: object) -> None:
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]
 
 
+# LOG_FORMAT=json: gunicorn's own messages are JSON lines too, like the application's.
+if os.environ.get("LOG_FORMAT", "").strip().lower() == "json":
+    from outbox_project.logging_json import gunicorn_logging_config
+
+    logconfig_dict = gunicorn_logging_config()
+
 # gunicorn's runtime control socket (one path per user, shared by every instance) is not used.
 control_socket_disable = True
 

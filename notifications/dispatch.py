@@ -73,6 +73,7 @@ Status = Notification.Status
 # The columns delivery reads from a claimed row.
 CLAIM_FIELDS = (
     "notification_id",
+    "source_site_id",
     "type",
     "list_name",
     "subject",
@@ -267,7 +268,11 @@ def notification_deliver(*, notification: Notification, targets: list[str], sess
     except DeliveryError as exc:
         error = exc
     except Exception as exc:  # a bug in an adapter must not kill the pass or lose the row
-        logger.exception("adapter crashed delivering %s", notification.pk)
+        logger.exception(
+            "adapter crashed delivering %s",
+            notification.pk,
+            extra={"notification_id": str(notification.pk), "channel": notification.type, "outcome": "crashed"},
+        )
         error = DeliveryError(f"Adapter error: {type(exc).__name__}: {exc}", failure_class=FailureClass.UNKNOWN)
     seconds = time.monotonic() - clock
     return DeliveryOutcome(result=result, error=error, duration_ms=int(seconds * 1000), adapter_called=True)
@@ -319,8 +324,10 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
     finished, unstarted = [], []
     durations: list[tuple[str, float]] = []
     by_channel: dict[str, tuple[Channel, list[str | None], list[str]]] = {}
+    outcomes_by_pk: dict[Any, DeliveryOutcome] = {}
     for item in outcomes:
         row, attempt = item.notification, item.attempt
+        outcomes_by_pk[row.pk] = item.outcome
         seen = by_channel.setdefault(item.channel.name, (item.channel, [], []))
         if not item.outcome.started:
             changes: dict[str, Any] = {"claimed_by": "", "claimed_until": None}
@@ -343,6 +350,7 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
         groups.setdefault(key, (changes, []))[1].append(row)
     counted: list[tuple[str, str, int]] = []
     delivered_created: list[datetime] = []
+    logged: list[tuple[Notification, str, str]] = []  # (row, channel, outcome) of rows this finish changed
     with transaction.atomic():
         for (channel_name, claimed_status, kind, _), (changes, rows) in groups.items():
             updated = Notification.objects.filter(
@@ -355,6 +363,10 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             if kind == "delivered":
                 # Which rows of a partly lost group were delivered is not known; as many are timed.
                 delivered_created += [row.created_at for row in rows[:updated]]
+            if updated == len(rows):
+                logged += [(row, channel_name, kind) for row in rows]
+            else:
+                logged += [(row, channel_name, f"{kind} or lost") for row in rows]
         if unstarted:
             DeliveryAttempt.objects.filter(pk__in=unstarted, outcome=DeliveryAttempt.Outcome.IN_PROGRESS).delete()
         db.update_by_pk(finished, ATTEMPT_RESULT_FIELDS)
@@ -369,11 +381,38 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             now=now,
             last_error=db.storable(messages[-1]) if messages else "",
         )
+    _finished_log(worker_id=worker_id, finished=logged, outcomes=outcomes_by_pk)
     try:
         deliveries_observe(finished=counted, durations=durations, delivered_created=delivered_created, now=now)
     except Exception:  # the results are recorded; metrics must never cost a pass
         logger.exception("could not record delivery metrics")
     return report
+
+
+def _finished_log(
+    *, worker_id: str, finished: list[tuple[Notification, str, str]], outcomes: dict[Any, DeliveryOutcome]
+) -> None:
+    """One record per finished row: a failure (retrying, parked) at INFO with its failure class
+    and error, a delivery or a release at DEBUG. The row's id, site, channel, the worker and the
+    outcome go with it as context (``extra``), for LOG_FORMAT=json."""
+    debug = logger.isEnabledFor(logging.DEBUG)
+    for row, channel, kind in finished:
+        outcome = outcomes[row.pk]
+        error = outcome.error
+        if error is None and not debug:
+            continue
+        context = {
+            "notification_id": str(row.pk),
+            "site": row.source_site_id,
+            "channel": channel,
+            "worker": worker_id,
+            "outcome": kind,
+        }
+        if error is not None and outcome.started:
+            context["failure_class"] = str(error.failure_class)
+            logger.info("%s %s (%s): %s", kind, row.pk, error.failure_class, error.message, extra=context)
+        else:
+            logger.debug("%s %s", kind, row.pk, extra=context)
 
 
 def _finish_changes(

@@ -14,6 +14,8 @@ from typing import Any
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from outbox_project.logging_json import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -322,11 +324,18 @@ Q_CLUSTER = {
     "label": "Worker tasks",
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": _read("LOG_LEVEL", "str", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# Logs go to standard error: LOG_FORMAT=text (default) as "time level logger message" lines,
+# LOG_FORMAT=json as one JSON object per line (outbox_project/logging_json.py).
+LOG_LEVEL = _read("LOG_LEVEL", "str", "INFO").strip().upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(
+        f"Environment variable LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {LOG_LEVEL!r}"
+    )
+_log_format = _read("LOG_FORMAT", "str", "text")
+LOG_FORMAT = _log_format.strip().lower()
+try:
+    LOGGING = logging_config(log_format=LOG_FORMAT, level=LOG_LEVEL)
+except ValueError:
+    raise ImproperlyConfigured(
+        f"Environment variable LOG_FORMAT must be one of text, json, got {_log_format!r}"
+    ) from None
