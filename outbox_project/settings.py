@@ -10,6 +10,7 @@ import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -168,6 +169,7 @@ if DATABASES["default"].get("ENGINE") not in SUPPORTED_ENGINES:
         f"(got engine {DATABASES['default'].get('ENGINE')!r})"
     )
 
+DATABASE_PGBOUNCER = False
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Django's backend, creating var/ when it first opens a database file there (nothing is
     # created on disk at import time).
@@ -184,6 +186,22 @@ else:
     # and check them before use (a restarted server leaves dead ones behind).
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    # Behind PgBouncer in transaction mode (DATABASE_PGBOUNCER=true, or ?pgbouncer=true in
+    # DATABASE_URL): consecutive transactions of one connection may run on different server
+    # connections, so nothing may outlive a transaction there — no server-side cursors (they
+    # live across fetches) and no prepared statements (psycopg prepares a query it has run
+    # five times, on the server connection of that moment; Django's default, made explicit).
+    # The only session setting, the time zone Django sets when the server's differs, is one
+    # PgBouncer carries over to every server connection. See docs/deployment.md, "PgBouncer".
+    _pgbouncer_option = str(DATABASES["default"]["OPTIONS"].pop("pgbouncer", "")).strip().lower()
+    if _pgbouncer_option not in {"", "true", "false", "1", "0", "yes", "no", "on", "off"}:
+        raise ImproperlyConfigured(
+            f"Environment variable DATABASE_URL is invalid: pgbouncer= must be true or false, got {_pgbouncer_option!r}"
+        )
+    DATABASE_PGBOUNCER = _read("DATABASE_PGBOUNCER", "bool", _pgbouncer_option in {"true", "1", "yes", "on"})
+    if DATABASE_PGBOUNCER:
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+        DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
     if _read("OUTBOX_DATABASE_POOL", "bool", False):
         # The web server (gunicorn.conf.py turns this on) runs each request in a thread of its
         # own, where a per-thread persistent connection would live for one request: a pool per
@@ -309,9 +327,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = OUTBOX_MAX_BODY_BYTES
 # --- Worker (django-q2) ---------------------------------------------------------------------
 # The ORM broker lives in the default database. A task must never outlive its broker lease
 # (`retry`), or a second worker would run it again: timeout < retry, and dispatch passes are
-# themselves time-boxed well below `timeout`.
-Q_CLUSTER = {
-    "name": "outbox",
+# themselves time-boxed well below `timeout`. Q_BROKER_URL=redis://… uses Redis instead
+# (docs/deployment.md, "Redis as the task broker").
+Q_CLUSTER: dict[str, Any] = {
+    "name": _read("OUTBOX_Q_CLUSTER_NAME", "str", "outbox"),
     "orm": "default",
     "workers": _positive("OUTBOX_Q_WORKERS", 2, "int"),
     "timeout": 90,
@@ -323,6 +342,16 @@ Q_CLUSTER = {
     "save_limit": 200,
     "label": "Worker tasks",
 }
+Q_BROKER_URL = _read("Q_BROKER_URL", "str", "").strip()
+if Q_BROKER_URL:
+    if urlparse(Q_BROKER_URL).scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(
+            "Environment variable Q_BROKER_URL must be a redis://, rediss:// or unix:// URL "
+            f"(empty: the database is the broker), got {Q_BROKER_URL!r}"
+        )
+    # Tasks travel through a Redis list; schedules, results and failures stay in the database.
+    del Q_CLUSTER["orm"]
+    Q_CLUSTER["redis"] = Q_BROKER_URL
 
 # Logs go to standard error: LOG_FORMAT=text (default) as "time level logger message" lines,
 # LOG_FORMAT=json as one JSON object per line (outbox_project/logging_json.py).
