@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-console bench-agent chaos chaos-short check clean \
+.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-console bench-agent chaos chaos-short check clean \
         agent-dist test-agent-pythons
 
 help:
@@ -78,6 +78,10 @@ bench-ingest: $(STAMP)
 bench-dispatch: $(STAMP)
 	$(PY) bench/bench_dispatch.py
 
+# 1, 2 and 4 dispatcher processes against a sink that takes 50 ms per message (a relay's pace).
+bench-scaleout: $(STAMP)
+	$(PY) bench/bench_scaleout.py
+
 bench-agent: $(STAMP)
 	$(PY) bench/bench_agent.py
 
@@ -88,6 +92,7 @@ bench-console: $(STAMP)
 bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
 	-$(MAKE) --no-print-directory bench-dispatch
+	-$(MAKE) --no-print-directory bench-scaleout
 	-$(MAKE) --no-print-directory bench-agent
 	-$(MAKE) --no-print-directory bench-console
 	$(PY) bench/summary.py
