@@ -31,6 +31,41 @@ from tests.support.processes import SmtpSink, manage
 DELAY_SECONDS = 0.05
 
 
+def raw_ceiling(*, threads: int, seconds: float) -> dict[str, Any]:
+    """Bare smtplib from ``threads`` threads of one process over persistent connections to the
+    same 50 ms sink, each message composed as the email adapter composes it: what one process
+    of this machine reaches at that concurrency with no database and no bookkeeping at all."""
+    import smtplib
+    import threading
+    import uuid
+
+    from bench.bench_dispatch import RECIPIENTS, build_message
+
+    count = max(200, int(threads / DELAY_SECONDS * seconds))
+    sink = SmtpSink("bench.sink", "--delay-ms", str(int(DELAY_SECONDS * 1000)))
+    ids = [str(uuid.uuid4()) for _ in range(count)]
+
+    def send(chunk: list[str]) -> None:
+        with smtplib.SMTP("127.0.0.1", sink.port, timeout=10) as smtp:
+            for notification_id in chunk:
+                smtp.sendmail("outbox@bench.invalid", RECIPIENTS, build_message(notification_id))
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=send, args=(ids[i::threads],)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    received = sink.stop()
+    assert sorted(received) == sorted(ids), "the sink did not receive every raw message exactly once"
+    ideal = threads / DELAY_SECONDS
+    print(
+        f"raw smtplib, {threads} threads: {count / elapsed:,.0f}/s (ideal {ideal:,.0f}/s, {count / elapsed / ideal:.2f}×)"
+    )
+    return {"threads": threads, "count": count, "per_second": count / elapsed, "ratio": count / elapsed / ideal}
+
+
 def run(url: str, *, processes: int, concurrency: int, seconds: float, batch_size: int) -> dict[str, Any]:
     from django.db.models import Max, Min
 
@@ -106,6 +141,7 @@ def main() -> int:
     url = fresh_database("scaleout")
     setup_django(url)
     try:
+        raw = raw_ceiling(threads=args.concurrency, seconds=args.seconds)
         runs = [
             run(url, processes=int(n), concurrency=args.concurrency, seconds=args.seconds, batch_size=args.batch_size)
             for n in args.processes.split(",")
@@ -131,6 +167,19 @@ def main() -> int:
                 r["ratio"],
             )
         )
+    checks.append(
+        check(
+            f"raw smtplib, 1 process × {raw['threads']}, 50 ms sink",
+            raw["per_second"],
+            "msg/s",
+            "(machine's own)",
+            True,
+            raw["ratio"],
+        )
+    )
+    if 1 in by_count:
+        of_raw = by_count[1]["per_second"] / raw["per_second"]
+        checks.append(check("dispatch, 1 worker ÷ raw smtplib", of_raw, "×", "(report)", True, of_raw))
     if 1 in by_count and 2 in by_count:
         scaling = by_count[2]["per_second"] / by_count[1]["per_second"]
         checks.append(check("scaling 1 → 2 workers", scaling, "×", "≥ 1.8", scaling >= 1.8, scaling / 2))
@@ -146,7 +195,7 @@ def main() -> int:
             all(r["exactly_once"] for r in runs),
         )
     )
-    write_results("scaleout", checks, {"runs": runs, "sink_delay_seconds": DELAY_SECONDS})
+    write_results("scaleout", checks, {"runs": runs, "raw": raw, "sink_delay_seconds": DELAY_SECONDS})
     return 0 if all(c["ok"] for c in checks) else 1
 
 

@@ -8,7 +8,9 @@
   serialises claims instead, which is correct but meant for one worker.
 * **Deliver.** Lists are resolved now, at delivery time; every attempt is recorded before the
   network call; delivery runs on a bounded thread pool through the adapter's session, which
-  reuses connections across the batch.
+  reuses connections across the batch. The next batch is claimed while the pool still has
+  about one delivery per thread to do, so the threads never wait for a claim or for the
+  slowest deliveries of a batch.
 * **Gate.** A channel whose endpoint is open (circuit breaker) or rate-limited is claimed
   through its health row (notifications.health): an open endpoint gives no rows, or one
   probe; a rate-limited one no more rows than its bucket has tokens. Rows left behind wait,
@@ -558,25 +560,49 @@ def dispatch_pass(
     channels = dispatch_channels()
     report.expired = notifications_expire(channels=channels)
     contexts: dict[str, _TypeContext] = {}
+    # Shared by the pass's batches: per type, channel failures in a row as deliveries complete.
+    streaks = _Streaks()
+    active: list[_Batch] = []  # batches with deliveries queued or running
+    drained = False  # a claim found fewer rows than asked: nothing more is due (or claimable)
     try:
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver") as pool:
-            while not stop.is_set() and time.monotonic() < deadline:
-                # The database clock, read once per batch: one query, not one per result.
-                clock = database_clock()
-                claim = notifications_claim_due(
-                    worker_id=worker_id, limit=batch_size, now=clock.now(), channels=channels
-                )
-                if not claim.rows:
+            while True:
+                in_flight = sum(len(batch.futures) for batch in active)
+                claiming = not drained and not stop.is_set() and time.monotonic() < deadline
+                # The next batch is claimed while the threads still have about one delivery
+                # each to do, so they never wait for a claim (or for a batch's last, slowest
+                # deliveries): a relay's latency, not the batch rhythm, bounds the pace.
+                if claiming and in_flight <= concurrency:
+                    # The database clock, read once per batch: one query, not one per result.
+                    clock = database_clock()
+                    claim = notifications_claim_due(
+                        worker_id=worker_id, limit=batch_size, now=clock.now(), channels=channels
+                    )
+                    if len(claim.rows) < batch_size:
+                        drained = True  # the next trigger, wake-up or sweep takes what comes later
+                    if not claim.rows:
+                        continue
+                    report.batches += 1
+                    report.claimed += len(claim.rows)
+                    batch = _Batch(
+                        worker_id=worker_id,
+                        clock=clock,
+                        contexts=contexts,
+                        channels=channels,
+                        report=report,
+                        streaks=streaks,
+                    )
+                    batch.start(claim, pool=pool, stop=stop, deadline=deadline)
+                    active.append(batch)
+                    continue
+                if not in_flight:
                     break
-                report.batches += 1
-                report.claimed += len(claim.rows)
-                batch = _Batch(worker_id=worker_id, clock=clock, contexts=contexts, channels=channels, report=report)
-                batch.run(claim, pool=pool, stop=stop, deadline=deadline)
-                if progress:
+                _batches_collect(active)
+                finished = [batch for batch in active if not batch.futures]
+                active = [batch for batch in active if batch.futures]
+                if progress and finished:
                     progress(report)
-                if len(claim.rows) < batch_size:
-                    break  # drained (or gated); the next trigger, wake-up or sweep takes what comes later
-            else:
+            if not drained:  # stopped by the budget or a stop request
                 report.more_due = Notification.objects.filter(notifications_due_q(database_now())).exists()
     finally:
         for context in contexts.values():
@@ -679,6 +705,31 @@ APPLY_WINDOW_SECONDS = 0.02
 
 
 @dataclass
+@dataclass
+class _Streaks:
+    """Per type: channel failures in a row, as the deliveries of a pass complete."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _batches_collect(active: list["_Batch"]) -> None:
+    """Wait until a delivery of ``active`` completes, then finish every delivery that completed
+    meanwhile (within APPLY_WINDOW_SECONDS), each batch's in one transaction: a crash then
+    re-delivers little more than what was in flight, and finishing stays cheap."""
+    futures = [future for batch in active for future in batch.futures]
+    done, pending = wait(futures, return_when=FIRST_COMPLETED)
+    if pending:
+        more, _ = wait(pending, timeout=APPLY_WINDOW_SECONDS)
+        done |= more
+    for batch in active:
+        mine = batch.futures & done
+        if mine:
+            batch.futures -= mine
+            batch._finish_durably([future.result() for future in mine])
+
+
+@dataclass
 class _Batch:
     """One claimed batch: resolve, record, deliver and finish its rows."""
 
@@ -687,8 +738,12 @@ class _Batch:
     contexts: dict[str, _TypeContext]
     channels: dict[str, Channel]
     report: PassReport
+    streaks: _Streaks = field(default_factory=_Streaks)
+    futures: set[Future["Finish"]] = field(default_factory=set)  # deliveries queued or running
 
-    def run(self, claim: Claim, *, pool: ThreadPoolExecutor, stop: threading.Event, deadline: float) -> None:
+    def start(self, claim: Claim, *, pool: ThreadPoolExecutor, stop: threading.Event, deadline: float) -> None:
+        """Resolve, record the attempts, finish the rows that cannot be delivered, and queue the
+        deliveries of the rest on ``pool`` (``futures``; finished by :func:`_batches_collect`)."""
         rows = claim.rows
         lease_deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS
         for row in rows:
@@ -714,8 +769,7 @@ class _Batch:
                 probe=row.pk in claim.probes,
             )
 
-        streaks: dict[str, int] = {}  # per type: channel failures in a row, as deliveries complete
-        streak_lock = threading.Lock()
+        streaks = self.streaks
 
         def deliver(row: Notification, targets: list[str]) -> Finish:
             context = self.contexts[row.type]
@@ -723,38 +777,29 @@ class _Batch:
             channel = context.channel
             # An open channel takes no attempts but its probe, and neither does one that has
             # just failed often enough to open (its results may not be recorded yet): rows wait.
-            with streak_lock:
-                failing = streaks.get(row.type, 0) >= channel.policy.breaker_threshold
+            with streaks.lock:
+                failing = streaks.counts.get(row.type, 0) >= channel.policy.breaker_threshold
             if row.pk not in claim.probes and (channel.halted or failing):
                 return finish(row, DeliveryOutcome(started=False))
             if stop.is_set() or time.monotonic() >= start_by:
                 return finish(row, DeliveryOutcome(started=False))
             outcome = notification_deliver(notification=row, targets=targets, session=context.session)
             failure = outcome.error.failure_class if outcome.error is not None else None
-            with streak_lock:
+            with streaks.lock:
                 if failure in CHANNEL_FAILURES:
-                    streaks[row.type] = streaks.get(row.type, 0) + 1
+                    streaks.counts[row.type] = streaks.counts.get(row.type, 0) + 1
                 elif failure is None or failure in HEALTHY_FAILURES:
-                    streaks[row.type] = 0
+                    streaks.counts[row.type] = 0
             return finish(row, outcome)
 
         early: list[Finish] = []
-        futures: set[Future[Finish]] = set()
         for row, targets, error in plans:
             if error is not None:
                 early.append(finish(row, DeliveryOutcome(error=error)))
             else:
-                futures.add(pool.submit(deliver, row, targets))
+                self.futures.add(pool.submit(deliver, row, targets))
         if early:
             self._finish_durably(early)
-        # Apply results as deliveries complete, all that completed meanwhile in one transaction:
-        # a crash then re-delivers little more than what was in flight, and the batch stays cheap.
-        while futures:
-            done, futures = wait(futures, return_when=FIRST_COMPLETED)
-            if futures:
-                more, futures = wait(futures, timeout=APPLY_WINDOW_SECONDS)
-                done |= more
-            self._finish_durably([future.result() for future in done])
 
     def _plan(self, rows: list[Notification]) -> list[tuple[Notification, list[str], DeliveryError | None]]:
         """Each row with its targets, resolved now (one query per type), or the error that
