@@ -18,11 +18,14 @@ SHOW = (
 )
 
 
-def settings_with(database_url: str, **env: str) -> subprocess.CompletedProcess[str]:
+def settings_with(database_url: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = child_env(database=database_url)
+    env.pop("DATABASE_PGBOUNCER", None)  # set when this suite itself runs through PgBouncer
+    env.update(extra)
     return subprocess.run(
         [sys.executable, "-c", SHOW],
         cwd=ROOT,
-        env=child_env(database=database_url, **env),
+        env=env,
         capture_output=True,
         text=True,
         check=False,
