@@ -215,25 +215,37 @@ def metrics_access(request: HttpRequest) -> int | None:
     With a token configured, a request bearing it is let in from anywhere. Without one (or
     without presenting it) only a direct loopback client is: one whose address is 127.0.0.0/8
     or ::1 and that no proxy relayed (no X-Forwarded-For, X-Real-IP or Forwarded header)."""
+    return access_refusal(
+        authorization=request.META.get("HTTP_AUTHORIZATION", ""),
+        remote_addr=str(request.META.get("REMOTE_ADDR", "")),
+        relayed=any(request.META.get(name) for name in RELAYED_HEADERS),
+    )
+
+
+def access_refusal(*, authorization: str, remote_addr: str, relayed: bool) -> int | None:
+    """The rule of :func:`metrics_access` on plain values (also used by ``serve_metrics``)."""
     token = settings.OUTBOX_METRICS_TOKEN
-    header = request.META.get("HTTP_AUTHORIZATION", "")
-    if token and header:
-        scheme, _, presented = header.partition(" ")
+    if token and authorization:
+        scheme, _, presented = authorization.partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
             return None
         return 401
-    if _direct_loopback(request):
+    if not relayed and _loopback(remote_addr):
         return None
     return 401 if token else 403
 
 
-def _direct_loopback(request: HttpRequest) -> bool:
-    if any(request.META.get(name) for name in RELAYED_HEADERS):
-        return False
+def _loopback(address: str) -> bool:
     try:
-        return ipaddress.ip_address(str(request.META.get("REMOTE_ADDR", ""))).is_loopback
+        return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+REFUSALS = {
+    401: "Authentication required: Authorization: Bearer <OUTBOX_METRICS_TOKEN>.\n",
+    403: "Metrics are served to this host only (or with OUTBOX_METRICS_TOKEN).\n",
+}
 
 
 @require_GET
@@ -241,13 +253,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """``GET /metrics``: the Prometheus text format, or 401/403 (see :func:`metrics_access`)."""
     refused = metrics_access(request)
     if refused is not None:
-        response = HttpResponse(
-            "Authentication required: Authorization: Bearer <OUTBOX_METRICS_TOKEN>.\n"
-            if refused == 401
-            else "Metrics are served to this host only (or with OUTBOX_METRICS_TOKEN).\n",
-            status=refused,
-            content_type="text/plain; charset=utf-8",
-        )
+        response = HttpResponse(REFUSALS[refused], status=refused, content_type="text/plain; charset=utf-8")
         if refused == 401:
             response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
