@@ -5,13 +5,15 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-pg bench bench-ingest bench-dispatch bench-console bench-agent bench-webhooks chaos chaos-short check clean \
+.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-purge bench-console bench-agent bench-webhooks chaos chaos-short check clean \
         agent-dist test-agent-pythons
 
 help:
 	@echo "make run    - install into .venv, migrate SQLite, load the demo, start web + worker + SMTP catcher"
 	@echo "make test   - install and run the whole test suite (DATABASE_URL=postgres://… for PostgreSQL)"
 	@echo "make test-pg - the whole suite on a fresh PostgreSQL database, dropped afterwards"
+	@echo "make test-pgbouncer - the dispatch and ingest tests through PgBouncer (transaction mode)"
+	@echo "make test-redis - the django-q2 Redis broker tests (needs Redis on 127.0.0.1:6379)"
 	@echo "make bench  - run every benchmark on PostgreSQL and print one summary table"
 	@echo "make chaos  - fault-injection suite on PostgreSQL (needs root for the PostgreSQL restart)"
 
@@ -45,6 +47,16 @@ test-pg: $(STAMP)
 	trap 'exit 130' INT TERM; \
 	DATABASE_URL="$(TEST_PG_SERVER)/$(TEST_PG_DB)" $(MAKE) --no-print-directory test
 
+# The dispatch and ingest tests through PgBouncer in transaction mode (Debian's pgbouncer), with
+# DATABASE_PGBOUNCER=true: TEST_PG_SERVER is the PostgreSQL server behind it.
+test-pgbouncer: $(STAMP)
+	TEST_PG_SERVER="$(TEST_PG_SERVER)" $(PY) scripts/test_pgbouncer.py $(PYTEST_ARGS)
+
+# The django-q2 Redis broker's tests against the Redis at OUTBOX_TEST_REDIS_URL (default
+# redis://127.0.0.1:6379/0), which must be reachable (a failure, not a skip, here).
+test-redis: $(STAMP)
+	OUTBOX_TEST_REDIS_REQUIRED=true $(PY) -m pytest tests/dispatch/test_redis_broker.py $(PYTEST_ARGS)
+
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -66,6 +78,14 @@ bench-ingest: $(STAMP)
 bench-dispatch: $(STAMP)
 	$(PY) bench/bench_dispatch.py
 
+# 1, 2 and 4 dispatcher processes against a sink that takes 50 ms per message (a relay's pace).
+bench-scaleout: $(STAMP)
+	$(PY) bench/bench_scaleout.py
+
+# The retention purge of 1,000,000 old rows while sites post at 200/s over HTTP.
+bench-purge: $(STAMP)
+	$(PY) bench/bench_purge.py
+
 bench-agent: $(STAMP)
 	$(PY) bench/bench_agent.py
 
@@ -79,6 +99,8 @@ bench-webhooks: $(STAMP)
 bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
 	-$(MAKE) --no-print-directory bench-dispatch
+	-$(MAKE) --no-print-directory bench-scaleout
+	-$(MAKE) --no-print-directory bench-purge
 	-$(MAKE) --no-print-directory bench-agent
 	-$(MAKE) --no-print-directory bench-console
 	-$(MAKE) --no-print-directory bench-webhooks

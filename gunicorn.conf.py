@@ -11,6 +11,7 @@ dribbling clients take the server down. See README, "Production".
 """
 
 import os
+from pathlib import Path
 
 wsgi_app = "outbox_project.asgi:application"
 worker_class = "asgi"
@@ -31,6 +32,24 @@ worker_connections = 1000
 # connections would be opened and dropped per request; a connection pool per worker process
 # is used instead (PostgreSQL; see outbox_project/settings.py).
 os.environ.setdefault("OUTBOX_DATABASE_POOL", "true")
+
+# Metrics (notifications/metrics.py): every process of this host, web and worker (manage.py sets
+# the same default), writes its counters to files in one directory; a scrape sums them.
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(Path(__file__).resolve().parent / "var" / "metrics"))
+
+
+def child_exit(server: object, worker: object) -> None:
+    """A web worker ended: drop its live-gauge files (its counters stay counted)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]
+
+
+# LOG_FORMAT=json: gunicorn's own messages are JSON lines too, like the application's.
+if os.environ.get("LOG_FORMAT", "").strip().lower() == "json":
+    from outbox_project.logging_json import gunicorn_logging_config
+
+    logconfig_dict = gunicorn_logging_config()
 
 # gunicorn's runtime control socket (one path per user, shared by every instance) is not used.
 control_socket_disable = True

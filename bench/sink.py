@@ -6,7 +6,8 @@ NOOP, QUIT) for smtplib, so a benchmark measures the sender, not the sink.
 
     python -m bench.sink --port 2526 --ids-file ids.txt   # prints "ready"; ids written on SIGTERM
 
-With ``--fail-first`` the first DATA of every X-Notification-Id is answered
+With ``--delay-ms N`` every message is answered N ms after its end (the pace of a real relay;
+other connections are served meanwhile). With ``--fail-first`` the first DATA of every X-Notification-Id is answered
 ``451 4.3.0 try again later`` (a transient failure the dispatcher retries); later ones are
 accepted. Only accepted messages are written to the ids file.
 """
@@ -22,8 +23,12 @@ ID_HEADER = re.compile(rb"^X-Notification-Id:\s*(\S+)\s*$", re.IGNORECASE | re.M
 
 
 class SinkProtocol(asyncio.Protocol):
-    def __init__(self, counts: Counter[str | None], deferred: set[str | None] | None = None) -> None:
+    def __init__(
+        self, counts: Counter[str | None], deferred: set[str | None] | None = None, delay: float = 0.0
+    ) -> None:
         self.counts = counts
+        self.delay = delay  # seconds before a message's reply (--delay-ms)
+        self.replied_late = False
         self.deferred = deferred  # ids already answered 451 once (--fail-first), else None
         self.buffer = b""
         self.in_data = False
@@ -59,6 +64,7 @@ class SinkProtocol(asyncio.Protocol):
                 else:
                     self.counts[notification_id] += 1
                     replies.append(b"250 2.0.0 queued")
+                    self.replied_late = self.delay > 0
                 continue
             end = self.buffer.find(b"\r\n")
             if end < 0:
@@ -78,15 +84,25 @@ class SinkProtocol(asyncio.Protocol):
                 return
             else:
                 replies.append(b"502 command not implemented")
-        if replies:
+        if replies and self.replied_late:
+            # The client waits for this reply before it sends anything else: nothing overtakes it.
+            self.replied_late = False
+            asyncio.get_running_loop().call_later(self.delay, self._write, b"\r\n".join(replies) + b"\r\n")
+        elif replies:
             self.transport.write(b"\r\n".join(replies) + b"\r\n")
 
+    def _write(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
 
-async def serve(port: int, ids_file: str, *, fail_first: bool = False) -> None:
+
+async def serve(port: int, ids_file: str, *, fail_first: bool = False, delay_ms: float = 0.0) -> None:
     counts: Counter[str | None] = Counter()
     deferred: set[str | None] | None = set() if fail_first else None
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: SinkProtocol(counts, deferred), "127.0.0.1", port, backlog=512)
+    server = await loop.create_server(
+        lambda: SinkProtocol(counts, deferred, delay_ms / 1000), "127.0.0.1", port, backlog=512
+    )
     stopped = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopped.set)
@@ -103,8 +119,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ids-file", required=True)
     parser.add_argument("--fail-first", action="store_true", help="defer the first try of every message (451)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="answer each message this late (ms)")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.ids_file, fail_first=args.fail_first))
+    asyncio.run(serve(args.port, args.ids_file, fail_first=args.fail_first, delay_ms=args.delay_ms))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
   serialises claims instead, which is correct but meant for one worker.
 * **Deliver.** Lists are resolved now, at delivery time; every attempt is recorded before the
   network call; delivery runs on a bounded thread pool through the adapter's session, which
-  reuses connections across the batch.
+  reuses connections across the batch. The next batch is claimed while the pool still has
+  about one delivery per thread to do, so the threads never wait for a claim or for the
+  slowest deliveries of a batch.
 * **Gate.** A channel whose endpoint is open (circuit breaker) or rate-limited is claimed
   through its health row (notifications.health): an open endpoint gives no rows, or one
   probe; a rate-limited one no more rows than its bucket has tokens. Rows left behind wait,
@@ -66,6 +68,7 @@ from notifications.health import (
     channels_refresh,
     dispatch_channels,
 )
+from notifications.metrics import deliveries_observe
 from notifications.models import ChannelHealth, DeliveryAttempt, DispatchTimer, Notification, ProviderMessage
 from notifications.policies import delivery_expired_message, delivery_failure_decide, delivery_policy_default
 from notifications.providers import provider_statuses_reapply
@@ -76,6 +79,7 @@ Status = Notification.Status
 # The columns delivery reads from a claimed row.
 CLAIM_FIELDS = (
     "notification_id",
+    "source_site_id",
     "type",
     "list_name",
     "subject",
@@ -261,6 +265,7 @@ class DeliveryOutcome:
     error: DeliveryError | None = None
     duration_ms: int = 0
     started: bool = True
+    adapter_called: bool = False  # False for a failure found before delivery (an unknown list, …)
 
 
 def notification_deliver(*, notification: Notification, targets: list[str], session: Session) -> DeliveryOutcome:
@@ -274,9 +279,14 @@ def notification_deliver(*, notification: Notification, targets: list[str], sess
     except DeliveryError as exc:
         error = exc
     except Exception as exc:  # a bug in an adapter must not kill the pass or lose the row
-        logger.exception("adapter crashed delivering %s", notification.pk)
+        logger.exception(
+            "adapter crashed delivering %s",
+            notification.pk,
+            extra={"notification_id": str(notification.pk), "channel": notification.type, "outcome": "crashed"},
+        )
         error = DeliveryError(f"Adapter error: {type(exc).__name__}: {exc}", failure_class=FailureClass.UNKNOWN)
-    return DeliveryOutcome(result=result, error=error, duration_ms=int((time.monotonic() - clock) * 1000))
+    seconds = time.monotonic() - clock
+    return DeliveryOutcome(result=result, error=error, duration_ms=int(seconds * 1000), adapter_called=True)
 
 
 @dataclass(frozen=True)
@@ -321,12 +331,15 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
     """
     now = now or database_now()
     report = FinishReport()
-    groups: dict[tuple[str, str, str], tuple[dict[str, Any], list[Any]]] = {}
+    groups: dict[tuple[str, str, str, str], tuple[dict[str, Any], list[Notification]]] = {}
     finished, unstarted = [], []
     finishes = list(outcomes)
+    durations: list[tuple[str, float]] = []
     by_channel: dict[str, tuple[Channel, list[str | None], list[str]]] = {}
+    outcomes_by_pk: dict[Any, DeliveryOutcome] = {}
     for item in finishes:
         row, attempt = item.notification, item.attempt
+        outcomes_by_pk[row.pk] = item.outcome
         seen = by_channel.setdefault(item.channel.name, (item.channel, [], []))
         if not item.outcome.started:
             changes: dict[str, Any] = {"claimed_by": "", "claimed_until": None}
@@ -337,21 +350,35 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             changes["last_attempt_at"] = attempt.started_at
             _attempt_finish(attempt, item.outcome, kind=kind, probe=item.probe)
             finished.append(attempt)
+            if item.outcome.adapter_called:
+                durations.append((item.channel.name, item.outcome.duration_ms / 1000))
             error = item.outcome.error
             seen[1].append(None if error is None else error.failure_class)
             if error is not None and error.failure_class in CHANNEL_FAILURES:
                 seen[2].append(error.message)
         # Text from remote servers (replies, refusals) must not make the transaction fail.
         changes = db.storable(changes)
-        key = (row.status, kind, json.dumps(changes, sort_keys=True, default=str))
-        groups.setdefault(key, (changes, []))[1].append(row.pk)
+        key = (item.channel.name, row.status, kind, json.dumps(changes, sort_keys=True, default=str))
+        groups.setdefault(key, (changes, []))[1].append(row)
+    counted: list[tuple[str, str, int]] = []
+    delivered_created: list[datetime] = []
+    logged: list[tuple[Notification, str, str]] = []  # (row, channel, outcome) of rows this finish changed
     with transaction.atomic():
-        for (claimed_status, kind, _), (changes, pks) in groups.items():
-            updated = Notification.objects.filter(pk__in=pks, status=claimed_status, claimed_by=worker_id).update(
-                **changes
-            )
+        for (channel_name, claimed_status, kind, _), (changes, rows) in groups.items():
+            updated = Notification.objects.filter(
+                pk__in=[row.pk for row in rows], status=claimed_status, claimed_by=worker_id
+            ).update(**changes)
             setattr(report, kind, getattr(report, kind) + updated)
-            report.lost += len(pks) - updated
+            report.lost += len(rows) - updated
+            if kind != "released":
+                counted.append((channel_name, kind, updated))
+            if kind == "delivered":
+                # Which rows of a partly lost group were delivered is not known; as many are timed.
+                delivered_created += [row.created_at for row in rows[:updated]]
+            if updated == len(rows):
+                logged += [(row, channel_name, kind) for row in rows]
+            else:
+                logged += [(row, channel_name, f"{kind} or lost") for row in rows]
         if unstarted:
             DeliveryAttempt.objects.filter(pk__in=unstarted, outcome=DeliveryAttempt.Outcome.IN_PROGRESS).delete()
         db.update_by_pk(finished, ATTEMPT_RESULT_FIELDS)
@@ -367,6 +394,11 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             now=now,
             last_error=db.storable(messages[-1]) if messages else "",
         )
+    _finished_log(worker_id=worker_id, finished=logged, outcomes=outcomes_by_pk)
+    try:
+        deliveries_observe(finished=counted, durations=durations, delivered_created=delivered_created, now=now)
+    except Exception:  # the results are recorded; metrics must never cost a pass
+        logger.exception("could not record delivery metrics")
     return report
 
 
@@ -390,6 +422,32 @@ def provider_messages_record(*, outcomes: Iterable[Finish]) -> None:
     if rows:
         ProviderMessage.objects.bulk_create(rows, ignore_conflicts=True)
         provider_statuses_reapply(notification_ids={row.notification_id for row in rows})
+
+
+def _finished_log(
+    *, worker_id: str, finished: list[tuple[Notification, str, str]], outcomes: dict[Any, DeliveryOutcome]
+) -> None:
+    """One record per finished row: a failure (retrying, parked) at INFO with its failure class
+    and error, a delivery or a release at DEBUG. The row's id, site, channel, the worker and the
+    outcome go with it as context (``extra``), for LOG_FORMAT=json."""
+    debug = logger.isEnabledFor(logging.DEBUG)
+    for row, channel, kind in finished:
+        outcome = outcomes[row.pk]
+        error = outcome.error
+        if error is None and not debug:
+            continue
+        context = {
+            "notification_id": str(row.pk),
+            "site": row.source_site_id,
+            "channel": channel,
+            "worker": worker_id,
+            "outcome": kind,
+        }
+        if error is not None and outcome.started:
+            context["failure_class"] = str(error.failure_class)
+            logger.info("%s %s (%s): %s", kind, row.pk, error.failure_class, error.message, extra=context)
+        else:
+            logger.debug("%s %s", kind, row.pk, extra=context)
 
 
 def _finish_changes(
@@ -552,25 +610,49 @@ def dispatch_pass(
     channels = dispatch_channels()
     report.expired = notifications_expire(channels=channels)
     contexts: dict[str, _TypeContext] = {}
+    # Shared by the pass's batches: per type, channel failures in a row as deliveries complete.
+    streaks = _Streaks()
+    active: list[_Batch] = []  # batches with deliveries queued or running
+    drained = False  # a claim found fewer rows than asked: nothing more is due (or claimable)
     try:
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver") as pool:
-            while not stop.is_set() and time.monotonic() < deadline:
-                # The database clock, read once per batch: one query, not one per result.
-                clock = database_clock()
-                claim = notifications_claim_due(
-                    worker_id=worker_id, limit=batch_size, now=clock.now(), channels=channels
-                )
-                if not claim.rows:
+            while True:
+                in_flight = sum(len(batch.futures) for batch in active)
+                claiming = not drained and not stop.is_set() and time.monotonic() < deadline
+                # The next batch is claimed while the threads still have about one delivery
+                # each to do, so they never wait for a claim (or for a batch's last, slowest
+                # deliveries): a relay's latency, not the batch rhythm, bounds the pace.
+                if claiming and in_flight <= concurrency:
+                    # The database clock, read once per batch: one query, not one per result.
+                    clock = database_clock()
+                    claim = notifications_claim_due(
+                        worker_id=worker_id, limit=batch_size, now=clock.now(), channels=channels
+                    )
+                    if len(claim.rows) < batch_size:
+                        drained = True  # the next trigger, wake-up or sweep takes what comes later
+                    if not claim.rows:
+                        continue
+                    report.batches += 1
+                    report.claimed += len(claim.rows)
+                    batch = _Batch(
+                        worker_id=worker_id,
+                        clock=clock,
+                        contexts=contexts,
+                        channels=channels,
+                        report=report,
+                        streaks=streaks,
+                    )
+                    batch.start(claim, pool=pool, stop=stop, deadline=deadline)
+                    active.append(batch)
+                    continue
+                if not in_flight:
                     break
-                report.batches += 1
-                report.claimed += len(claim.rows)
-                batch = _Batch(worker_id=worker_id, clock=clock, contexts=contexts, channels=channels, report=report)
-                batch.run(claim, pool=pool, stop=stop, deadline=deadline)
-                if progress:
+                _batches_collect(active)
+                finished = [batch for batch in active if not batch.futures]
+                active = [batch for batch in active if batch.futures]
+                if progress and finished:
                     progress(report)
-                if len(claim.rows) < batch_size:
-                    break  # drained (or gated); the next trigger, wake-up or sweep takes what comes later
-            else:
+            if not drained:  # stopped by the budget or a stop request
                 report.more_due = Notification.objects.filter(notifications_due_q(database_now())).exists()
     finally:
         for context in contexts.values():
@@ -673,6 +755,31 @@ APPLY_WINDOW_SECONDS = 0.02
 
 
 @dataclass
+@dataclass
+class _Streaks:
+    """Per type: channel failures in a row, as the deliveries of a pass complete."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _batches_collect(active: list["_Batch"]) -> None:
+    """Wait until a delivery of ``active`` completes, then finish every delivery that completed
+    meanwhile (within APPLY_WINDOW_SECONDS), each batch's in one transaction: a crash then
+    re-delivers little more than what was in flight, and finishing stays cheap."""
+    futures = [future for batch in active for future in batch.futures]
+    done, pending = wait(futures, return_when=FIRST_COMPLETED)
+    if pending:
+        more, _ = wait(pending, timeout=APPLY_WINDOW_SECONDS)
+        done |= more
+    for batch in active:
+        mine = batch.futures & done
+        if mine:
+            batch.futures -= mine
+            batch._finish_durably([future.result() for future in mine])
+
+
+@dataclass
 class _Batch:
     """One claimed batch: resolve, record, deliver and finish its rows."""
 
@@ -681,8 +788,12 @@ class _Batch:
     contexts: dict[str, _TypeContext]
     channels: dict[str, Channel]
     report: PassReport
+    streaks: _Streaks = field(default_factory=_Streaks)
+    futures: set[Future["Finish"]] = field(default_factory=set)  # deliveries queued or running
 
-    def run(self, claim: Claim, *, pool: ThreadPoolExecutor, stop: threading.Event, deadline: float) -> None:
+    def start(self, claim: Claim, *, pool: ThreadPoolExecutor, stop: threading.Event, deadline: float) -> None:
+        """Resolve, record the attempts, finish the rows that cannot be delivered, and queue the
+        deliveries of the rest on ``pool`` (``futures``; finished by :func:`_batches_collect`)."""
         rows = claim.rows
         lease_deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS
         for row in rows:
@@ -710,8 +821,7 @@ class _Batch:
                 probe=row.pk in claim.probes,
             )
 
-        streaks: dict[str, int] = {}  # per type: channel failures in a row, as deliveries complete
-        streak_lock = threading.Lock()
+        streaks = self.streaks
 
         def deliver(row: Notification, targets: list[str]) -> Finish:
             context = self.contexts[row.type]
@@ -719,8 +829,8 @@ class _Batch:
             channel = context.channel
             # An open channel takes no attempts but its probe, and neither does one that has
             # just failed often enough to open (its results may not be recorded yet): rows wait.
-            with streak_lock:
-                failing = streaks.get(row.type, 0) >= channel.policy.breaker_threshold
+            with streaks.lock:
+                failing = streaks.counts.get(row.type, 0) >= channel.policy.breaker_threshold
             if row.pk not in claim.probes and (channel.halted or failing):
                 return finish(row, DeliveryOutcome(started=False))
             if stop.is_set() or time.monotonic() >= start_by:
@@ -729,30 +839,21 @@ class _Batch:
             with delivery_deadline(lease_deadline - lease_margin):
                 outcome = notification_deliver(notification=row, targets=targets, session=context.session)
             failure = outcome.error.failure_class if outcome.error is not None else None
-            with streak_lock:
+            with streaks.lock:
                 if failure in CHANNEL_FAILURES:
-                    streaks[row.type] = streaks.get(row.type, 0) + 1
+                    streaks.counts[row.type] = streaks.counts.get(row.type, 0) + 1
                 elif failure is None or failure in HEALTHY_FAILURES:
-                    streaks[row.type] = 0
+                    streaks.counts[row.type] = 0
             return finish(row, outcome)
 
         early: list[Finish] = []
-        futures: set[Future[Finish]] = set()
         for row, targets, error in plans:
             if error is not None:
                 early.append(finish(row, DeliveryOutcome(error=error)))
             else:
-                futures.add(pool.submit(deliver, row, targets))
+                self.futures.add(pool.submit(deliver, row, targets))
         if early:
             self._finish_durably(early)
-        # Apply results as deliveries complete, all that completed meanwhile in one transaction:
-        # a crash then re-delivers little more than what was in flight, and the batch stays cheap.
-        while futures:
-            done, futures = wait(futures, return_when=FIRST_COMPLETED)
-            if futures:
-                more, futures = wait(futures, timeout=APPLY_WINDOW_SECONDS)
-                done |= more
-            self._finish_durably([future.result() for future in done])
 
     def _plan(self, rows: list[Notification]) -> list[tuple[Notification, list[str], DeliveryError | None]]:
         """Each row with its targets, resolved now (one query per type), or the error that

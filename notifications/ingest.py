@@ -13,6 +13,7 @@ fingerprint), and an idempotency conflict otherwise; neither changes the stored 
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,8 @@ from notifications.list_names import list_name_normalize, list_name_problem, tex
 from notifications.models import Notification
 from notifications.providers import notification_targets
 from notifications.trigger import dispatch_request
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TYPE = "email"
 MAX_TYPE_DATA_BYTES = 65_536
@@ -387,7 +390,29 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
             outcomes.append(IngestOutcome(nid, "replayed", stored))
         else:
             outcomes.append(IngestOutcome(nid, "conflict", None))
+    _outcomes_log(site_id=site_id, inputs=inputs, outcomes=outcomes)
     return outcomes
+
+
+def _outcomes_log(*, site_id: str, inputs: Sequence[NotificationInput], outcomes: list[IngestOutcome]) -> None:
+    """One record per submission: a conflict at INFO (the site sent a different notification
+    under a used id), created and replayed at DEBUG."""
+    debug = logger.isEnabledFor(logging.DEBUG)
+    for item, outcome in zip(inputs, outcomes, strict=True):
+        if outcome.result == "conflict" or debug:
+            logger.log(
+                logging.INFO if outcome.result == "conflict" else logging.DEBUG,
+                "ingest %s from %s: %s",
+                item.notification_id,
+                site_id,
+                outcome.result,
+                extra={
+                    "notification_id": str(item.notification_id),
+                    "site": site_id,
+                    "channel": item.type,
+                    "outcome": outcome.result,
+                },
+            )
 
 
 def _row_for(item: NotificationInput, *, site_id: str) -> dict[str, Any]:

@@ -13,10 +13,12 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
+from django_q.brokers import get_broker
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
@@ -34,19 +36,37 @@ def dispatch_waiting() -> bool:
     """True if a dispatch task is queued and not yet picked up by a worker.
 
     django-q2's ORM broker marks a task taken by moving its ``lock`` into the future; a task
-    whose lock is in the past is waiting. Only waiting tasks (a handful) are decoded.
+    whose lock is in the past is waiting. The Redis broker's list holds only waiting tasks
+    (a worker pops the one it takes). Only waiting tasks (a handful) are decoded.
     """
-    now = timezone.now()
-    waiting = (
-        OrmQ.objects.using(Conf.ORM).filter(key=Conf.CLUSTER_NAME, lock__lte=now).values_list("payload", flat=True)
-    )
-    for payload in waiting[:20]:
+    for payload in _waiting_payloads(limit=20):
         try:
             if SignedPackage.loads(payload).get("func") == DISPATCH_TASK:
                 return True
         except Exception:  # noqa: BLE001 - a foreign or corrupt package (BadSignature, unpickling errors) is not ours
             continue
     return False
+
+
+def _waiting_payloads(*, limit: int) -> list[Any]:
+    """The first ``limit`` tasks waiting in the broker, as stored (signed packages)."""
+    if Conf.ORM:
+        waiting = OrmQ.objects.using(Conf.ORM).filter(key=Conf.CLUSTER_NAME, lock__lte=timezone.now())
+        return list(waiting.values_list("payload", flat=True)[:limit])
+    broker = _redis_broker()
+    return list(broker.connection.lrange(broker.list_key, 0, limit - 1))
+
+
+_brokers: dict[int, Any] = {}
+
+
+def _redis_broker() -> Any:
+    """This process's Redis broker (one connection pool per process: never shared across a fork)."""
+    pid = os.getpid()
+    if pid not in _brokers:
+        _brokers.clear()
+        _brokers[pid] = get_broker()
+    return _brokers[pid]
 
 
 def dispatch_enqueue() -> bool:

@@ -10,9 +10,12 @@ import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+
+from outbox_project.logging_json import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -85,8 +88,8 @@ SECURE_HSTS_PRELOAD = _read("SECURE_HSTS_PRELOAD", "bool", OUTBOX_HTTPS)
 OUTBOX_BEHIND_PROXY = _read("OUTBOX_BEHIND_PROXY", "bool", False)
 if OUTBOX_BEHIND_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-# /healthz is probed over plain HTTP by load balancers and must not redirect.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# /healthz is probed over plain HTTP by load balancers, and /metrics by a local Prometheus: no redirect.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
@@ -166,6 +169,7 @@ if DATABASES["default"].get("ENGINE") not in SUPPORTED_ENGINES:
         f"(got engine {DATABASES['default'].get('ENGINE')!r})"
     )
 
+DATABASE_PGBOUNCER = False
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Django's backend, creating var/ when it first opens a database file there (nothing is
     # created on disk at import time).
@@ -182,6 +186,22 @@ else:
     # and check them before use (a restarted server leaves dead ones behind).
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    # Behind PgBouncer in transaction mode (DATABASE_PGBOUNCER=true, or ?pgbouncer=true in
+    # DATABASE_URL): consecutive transactions of one connection may run on different server
+    # connections, so nothing may outlive a transaction there — no server-side cursors (they
+    # live across fetches) and no prepared statements (psycopg prepares a query it has run
+    # five times, on the server connection of that moment; Django's default, made explicit).
+    # The only session setting, the time zone Django sets when the server's differs, is one
+    # PgBouncer carries over to every server connection. See docs/deployment.md, "PgBouncer".
+    _pgbouncer_option = str(DATABASES["default"]["OPTIONS"].pop("pgbouncer", "")).strip().lower()
+    if _pgbouncer_option not in {"", "true", "false", "1", "0", "yes", "no", "on", "off"}:
+        raise ImproperlyConfigured(
+            f"Environment variable DATABASE_URL is invalid: pgbouncer= must be true or false, got {_pgbouncer_option!r}"
+        )
+    DATABASE_PGBOUNCER = _read("DATABASE_PGBOUNCER", "bool", _pgbouncer_option in {"true", "1", "yes", "on"})
+    if DATABASE_PGBOUNCER:
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+        DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
     if _read("OUTBOX_DATABASE_POOL", "bool", False):
         # The web server (gunicorn.conf.py turns this on) runs each request in a thread of its
         # own, where a per-thread persistent connection would live for one request: a pool per
@@ -277,6 +297,15 @@ OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
 OUTBOX_AUTH_FAILURE_BURST = _read("OUTBOX_AUTH_FAILURE_BURST", "int", 20)
 OUTBOX_AUTH_FAILURE_RATE = _read("OUTBOX_AUTH_FAILURE_RATE", "float", 10.0)
 OUTBOX_BENCH_RAW_VIEW = _read("OUTBOX_BENCH_RAW_VIEW", "bool", False)
+# GET /metrics (docs/observability.md): a bearer token that lets a scraper in from anywhere;
+# without it only clients on this host (loopback, not relayed by a proxy) may read the metrics.
+OUTBOX_METRICS_TOKEN = _read("OUTBOX_METRICS_TOKEN", "str", "")
+# The database gauges are read at most once per this many seconds per web process.
+OUTBOX_METRICS_CACHE_SECONDS = _read("OUTBOX_METRICS_CACHE_SECONDS", "float", 5.0)
+if OUTBOX_METRICS_CACHE_SECONDS < 0:
+    raise ImproperlyConfigured(
+        f"Environment variable OUTBOX_METRICS_CACHE_SECONDS must be 0 or more, got {OUTBOX_METRICS_CACHE_SECONDS!r}"
+    )
 # Email attachments (type_data.attachments): their total decoded size per notification, and the
 # content types a site may attach. Base64 makes an attachment a third larger in the request, so
 # keep the bound well inside OUTBOX_MAX_BODY_BYTES (a system check warns otherwise).
@@ -306,9 +335,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = OUTBOX_MAX_BODY_BYTES
 # --- Worker (django-q2) ---------------------------------------------------------------------
 # The ORM broker lives in the default database. A task must never outlive its broker lease
 # (`retry`), or a second worker would run it again: timeout < retry, and dispatch passes are
-# themselves time-boxed well below `timeout`.
-Q_CLUSTER = {
-    "name": "outbox",
+# themselves time-boxed well below `timeout`. Q_BROKER_URL=redis://… uses Redis instead
+# (docs/deployment.md, "Redis as the task broker").
+Q_CLUSTER: dict[str, Any] = {
+    "name": _read("OUTBOX_Q_CLUSTER_NAME", "str", "outbox"),
     "orm": "default",
     "workers": _positive("OUTBOX_Q_WORKERS", 2, "int"),
     "timeout": 90,
@@ -320,12 +350,29 @@ Q_CLUSTER = {
     "save_limit": 200,
     "label": "Worker tasks",
 }
+Q_BROKER_URL = _read("Q_BROKER_URL", "str", "").strip()
+if Q_BROKER_URL:
+    if urlparse(Q_BROKER_URL).scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(
+            "Environment variable Q_BROKER_URL must be a redis://, rediss:// or unix:// URL "
+            f"(empty: the database is the broker), got {Q_BROKER_URL!r}"
+        )
+    # Tasks travel through a Redis list; schedules, results and failures stay in the database.
+    del Q_CLUSTER["orm"]
+    Q_CLUSTER["redis"] = Q_BROKER_URL
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": _read("LOG_LEVEL", "str", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# Logs go to standard error: LOG_FORMAT=text (default) as "time level logger message" lines,
+# LOG_FORMAT=json as one JSON object per line (outbox_project/logging_json.py).
+LOG_LEVEL = _read("LOG_LEVEL", "str", "INFO").strip().upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(
+        f"Environment variable LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {LOG_LEVEL!r}"
+    )
+_log_format = _read("LOG_FORMAT", "str", "text")
+LOG_FORMAT = _log_format.strip().lower()
+try:
+    LOGGING = logging_config(log_format=LOG_FORMAT, level=LOG_LEVEL)
+except ValueError:
+    raise ImproperlyConfigured(
+        f"Environment variable LOG_FORMAT must be one of text, json, got {_log_format!r}"
+    ) from None

@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from notifications import api, providers, views
+from notifications import api, metrics, providers, views
 
 urlpatterns = [
     path("api/v1/notifications/", api.NotificationCollectionView.as_view(), name="notification-list"),
@@ -42,6 +42,7 @@ urlpatterns = [
         name="schema",
     ),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
 ]
 

@@ -1,0 +1,203 @@
+"""Scale-out benchmark on PostgreSQL: dispatch against an SMTP sink that takes 50 ms per message
+(bench/sink.py ``--delay-ms 50``, a real relay's pace) with 1, 2 and 4 dispatcher processes
+(``manage.py dispatch --once``), each with ``--concurrency`` delivery threads.
+
+A relay's latency, not this machine's CPU, bounds such a fleet: the ideal is
+``processes × concurrency / 0.05 s``. Per worker count: a backlog of ``--seconds`` worth of
+that ideal is queued, the processes are started together, and throughput is the number of
+messages over the delivery window (first attempt started → last row delivered, from the
+database: process start-up is not dispatch). Every message must reach the sink exactly once
+(by X-Notification-Id) and every row read Delivered.
+
+Targets: each run ≥ 0.8 × its ideal; 2 processes ≥ 1.8 × the throughput of 1.
+
+Writes bench-results/scaleout.json. Usage: python bench/bench_scaleout.py [--concurrency 16] …
+"""
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_dispatch import configure, ingest_backlog
+from bench.common import check, fresh_database, setup_django, write_results
+from tests.support.db import drop_postgres_database
+from tests.support.processes import SmtpSink, manage
+
+DELAY_SECONDS = 0.05
+
+
+def raw_ceiling(*, threads: int, seconds: float) -> dict[str, Any]:
+    """Bare smtplib from ``threads`` threads of one process over persistent connections to the
+    same 50 ms sink, each message composed as the email adapter composes it: what one process
+    of this machine reaches at that concurrency with no database and no bookkeeping at all."""
+    import smtplib
+    import threading
+    import uuid
+
+    from bench.bench_dispatch import RECIPIENTS, build_message
+
+    count = max(200, int(threads / DELAY_SECONDS * seconds))
+    sink = SmtpSink("bench.sink", "--delay-ms", str(int(DELAY_SECONDS * 1000)))
+    ids = [str(uuid.uuid4()) for _ in range(count)]
+
+    def send(chunk: list[str]) -> None:
+        with smtplib.SMTP("127.0.0.1", sink.port, timeout=10) as smtp:
+            for notification_id in chunk:
+                smtp.sendmail("outbox@bench.invalid", RECIPIENTS, build_message(notification_id))
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=send, args=(ids[i::threads],)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    received = sink.stop()
+    assert sorted(received) == sorted(ids), "the sink did not receive every raw message exactly once"
+    ideal = threads / DELAY_SECONDS
+    print(
+        f"raw smtplib, {threads} threads: {count / elapsed:,.0f}/s (ideal {ideal:,.0f}/s, {count / elapsed / ideal:.2f}×)"
+    )
+    return {"threads": threads, "count": count, "per_second": count / elapsed, "ratio": count / elapsed / ideal}
+
+
+def run(url: str, *, processes: int, concurrency: int, seconds: float, batch_size: int) -> dict[str, Any]:
+    from django.db.models import Max, Min
+
+    from notifications.models import DeliveryAttempt, Notification
+
+    Notification.objects.all().delete()
+    ideal = processes * concurrency / DELAY_SECONDS
+    count = max(500, int(ideal * seconds))
+    sink = SmtpSink("bench.sink", "--delay-ms", str(int(DELAY_SECONDS * 1000)))
+    configure(sink.port)
+    ids = ingest_backlog(count)
+    started = time.perf_counter()
+    workers = [
+        manage(
+            "dispatch",
+            "--once",
+            "-v0",
+            "--concurrency",
+            str(concurrency),
+            "--batch-size",
+            str(batch_size),
+            database=url,
+            stdout=None,
+            stderr=None,
+        )
+        for _ in range(processes)
+    ]
+    codes = [worker.wait() for worker in workers]
+    wall = time.perf_counter() - started
+    received = sink.stop()
+    counts = Counter(received)
+    exactly_once = set(counts) == set(ids) and all(n == 1 for n in counts.values())
+    delivered = Notification.objects.filter(pk__in=ids, status=Notification.Status.DELIVERED).count()
+    window = DeliveryAttempt.objects.filter(notification_id__in=ids).aggregate(first=Min("started_at"))
+    last = Notification.objects.filter(pk__in=ids).aggregate(last=Max("delivered_at"))
+    span = (last["last"] - window["first"]).total_seconds()
+    per_second = count / span
+    workers_seen = DeliveryAttempt.objects.filter(notification_id__in=ids).values("worker").distinct().count()
+    result = {
+        "processes": processes,
+        "concurrency": concurrency,
+        "count": count,
+        "per_second": per_second,
+        "ideal_per_second": ideal,
+        "ratio": per_second / ideal,
+        "window_seconds": span,
+        "wall_seconds": wall,
+        "wall_per_second": count / wall,
+        "exactly_once": exactly_once and delivered == count,
+        "delivered_rows": delivered,
+        "received": len(received),
+        "exit_codes": codes,
+        "worker_ids": workers_seen,
+    }
+    print(
+        f"{processes} process(es) × {concurrency}: {count} messages, {per_second:,.0f}/s over {span:.2f} s "
+        f"(ideal {ideal:,.0f}/s, {per_second / ideal:.2f}×; wall {wall:.2f} s), "
+        f"exactly once: {result['exactly_once']}",
+        flush=True,
+    )
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, default=16, help="delivery threads per process (16)")
+    parser.add_argument("--processes", default="1,2,4", help="worker counts to run (1,2,4)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="backlog size in seconds of the ideal (6)")
+    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
+    args = parser.parse_args()
+
+    url = fresh_database("scaleout")
+    setup_django(url)
+    try:
+        raw = raw_ceiling(threads=args.concurrency, seconds=args.seconds)
+        runs = [
+            run(url, processes=int(n), concurrency=args.concurrency, seconds=args.seconds, batch_size=args.batch_size)
+            for n in args.processes.split(",")
+        ]
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep:
+            drop_postgres_database(url)
+
+    checks = []
+    by_count = {r["processes"]: r for r in runs}
+    for r in runs:
+        n = r["processes"]
+        checks.append(
+            check(
+                f"dispatch, {n} worker(s) × {r['concurrency']}, 50 ms sink",
+                r["per_second"],
+                "msg/s",
+                f"≥ 0.8 × {r['ideal_per_second']:,.0f}",
+                r["ratio"] >= 0.8 and r["exactly_once"],
+                r["ratio"],
+            )
+        )
+    checks.append(
+        check(
+            f"raw smtplib, 1 process × {raw['threads']}, 50 ms sink",
+            raw["per_second"],
+            "msg/s",
+            "(machine's own)",
+            True,
+            raw["ratio"],
+        )
+    )
+    if 1 in by_count:
+        of_raw = by_count[1]["per_second"] / raw["per_second"]
+        checks.append(check("dispatch, 1 worker ÷ raw smtplib", of_raw, "×", "(report)", True, of_raw))
+    if 1 in by_count and 2 in by_count:
+        scaling = by_count[2]["per_second"] / by_count[1]["per_second"]
+        checks.append(check("scaling 1 → 2 workers", scaling, "×", "≥ 1.8", scaling >= 1.8, scaling / 2))
+    if 1 in by_count and 4 in by_count:
+        scaling = by_count[4]["per_second"] / by_count[1]["per_second"]
+        checks.append(check("scaling 1 → 4 workers", scaling, "×", "(report)", True, scaling / 4))
+    checks.append(
+        check(
+            "scale-out: every message exactly once",
+            sum(r["count"] for r in runs),
+            "msgs",
+            "all",
+            all(r["exactly_once"] for r in runs),
+        )
+    )
+    write_results("scaleout", checks, {"runs": runs, "raw": raw, "sink_delay_seconds": DELAY_SECONDS})
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Log formats: ``LOG_FORMAT=text`` (the default, for people) or ``json`` (for log shippers).
+
+With ``json`` every record is one line holding one JSON object::
+
+    {"timestamp": "2026-11-23T10:00:00.123Z", "level": "INFO", "logger": "notifications.dispatch",
+     "message": "…", "notification_id": "…", "site": "plant-a", "channel": "email",
+     "worker": "q:host:123:ab12cd34", "outcome": "retrying"}
+
+``timestamp`` (UTC, milliseconds), ``level``, ``logger`` and ``message`` are always there;
+the context fields (``CONTEXT_FIELDS``) when the code that logs passes them with ``extra=``;
+``process`` and ``thread`` names identify the writer; ``exception`` holds a traceback as one
+string (its line breaks escaped, so the record stays one line). Any other ``extra=`` value is
+kept too, as JSON or as its text.
+"""
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+LOG_FORMATS = ("text", "json")
+# Context a log call passes with extra= where it is relevant (dispatcher, ingest).
+CONTEXT_FIELDS = ("notification_id", "site", "channel", "worker", "outcome")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+# Attributes every LogRecord has; anything else on a record came from extra=.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in CONTEXT_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
+        for name, value in vars(record).items():
+            if name not in _STANDARD and name not in entry:
+                entry[name] = value
+        entry["process"] = record.process
+        entry["thread"] = record.threadName
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exception"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
+    """Django's LOGGING for ``log_format`` (one of LOG_FORMATS) at ``level``: everything to
+    standard error, database statement logging quiet. ValueError for another format."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+    formatter: dict[str, Any] = (
+        {"()": "outbox_project.logging_json.JsonFormatter"} if log_format == "json" else {"format": TEXT_FORMAT}
+    )
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"outbox": formatter},
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "outbox"}},
+        "root": {"handlers": ["console"], "level": level},
+        "loggers": {"django.db.backends": {"level": "WARNING"}},
+    }
+
+
+def gunicorn_logging_config(*, level: str = "INFO") -> dict[str, Any]:
+    """gunicorn's own log (its master's and workers' messages) in JSON, for ``logconfig_dict``
+    in gunicorn.conf.py: to standard error, each line one object."""
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "outbox_project.logging_json.JsonFormatter"}},
+        "handlers": {"json": handler},
+        "root": {"level": level, "handlers": ["json"]},
+        "loggers": {
+            # No level: gunicorn's --log-level (set before this is applied) stays in force.
+            "gunicorn.error": {"handlers": ["json"], "propagate": False, "qualname": "gunicorn.error"},
+            # The access log stays off, as it is without LOG_FORMAT=json.
+            "gunicorn.access": {
+                "level": "WARNING",
+                "handlers": ["json"],
+                "propagate": False,
+                "qualname": "gunicorn.access",
+            },
+        },
+    }

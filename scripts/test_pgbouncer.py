@@ -1,0 +1,52 @@
+"""`make test-pgbouncer`: the dispatch and ingest tests with every database connection going
+through PgBouncer in transaction pooling mode (tests/support/pgbouncer.py), the way a
+deployment behind PgBouncer runs: DATABASE_PGBOUNCER=true, here and in every process the
+tests start.
+
+TEST_PG_SERVER (default postgres://postgres@127.0.0.1:5432) is the PostgreSQL server behind
+it. The test database is created through PgBouncer and dropped afterwards directly on the
+server (PgBouncer keeps server connections to it open). Extra arguments go to pytest.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.pgbouncer import PgBouncer  # noqa: E402
+
+SUITES = ["tests/dispatch", "tests/api"]
+
+
+def main(argv: list[str]) -> int:
+    import psycopg
+    from psycopg import sql
+
+    server = os.environ.get("TEST_PG_SERVER", "postgres://postgres@127.0.0.1:5432").rstrip("/")
+    name = f"outbox_pgbouncer_{int(time.time())}_{os.getpid()}"
+    with PgBouncer(upstream=server) as bouncer:
+        print(f"PgBouncer (transaction mode) on port {bouncer.port} in front of {server}", flush=True)
+        env = dict(os.environ, DATABASE_URL=bouncer.url(name), DATABASE_PGBOUNCER="true")
+        try:
+            # --reuse-db: the test database is not dropped through PgBouncer (which holds
+            # connections to it) but below, on the server.
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", "--reuse-db", "-p", "no:cacheprovider", *SUITES, *argv],
+                cwd=ROOT,
+                env=env,
+                check=False,
+            )
+        finally:
+            bouncer.stop()
+            with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+                for database in (f"test_{name}", name):
+                    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,134 @@
+"""LOG_FORMAT: human-readable lines by default, one JSON object per line with ``json`` (with
+the notification's context where the dispatcher and ingest log), a clear error otherwise."""
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from outbox_project.logging_json import JsonFormatter, logging_config
+from tests.dispatch.conftest import configure_smtp
+from tests.support.payloads import make_payload
+from tests.support.processes import ROOT, Central, child_env, manage
+
+CONTEXT = ("notification_id", "site", "channel", "worker", "outcome")
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every line of ``text`` as JSON (fails on a line that is not one object)."""
+    records = []
+    for line in text.splitlines():
+        if line.strip():
+            record = json.loads(line)
+            assert isinstance(record, dict), line
+            records.append(record)
+    return records
+
+
+def test_a_record_is_one_line_with_its_context_and_its_traceback():
+    logger = logging.getLogger("outbox.test")
+    try:
+        raise RuntimeError("line one\nline two")
+    except RuntimeError:
+        record = logger.makeRecord(
+            "outbox.test",
+            logging.ERROR,
+            __file__,
+            1,
+            "failed %s",
+            ("n-1",),
+            sys.exc_info(),
+            extra={"notification_id": "n-1", "site": "plant-a", "channel": "email", "attempt": 3},
+        )
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["level"] == "ERROR" and entry["logger"] == "outbox.test" and entry["message"] == "failed n-1"
+    assert entry["timestamp"].endswith("Z") and "T" in entry["timestamp"]
+    assert (entry["notification_id"], entry["site"], entry["channel"], entry["attempt"]) == (
+        "n-1",
+        "plant-a",
+        "email",
+        3,
+    )
+    assert "worker" not in entry and "outcome" not in entry  # only where relevant
+    assert "RuntimeError: line one\nline two" in entry["exception"]
+
+
+def test_the_default_format_stays_human_readable():
+    config = logging_config(log_format="text", level="INFO")
+    assert config["formatters"]["outbox"] == {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}
+
+
+@pytest.mark.parametrize("value", ["xml", "JSONL", "1"])
+def test_an_unknown_log_format_stops_the_process_naming_the_variable(value):
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=child_env(database="sqlite:///unused.sqlite3", LOG_FORMAT=value),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Environment variable LOG_FORMAT must be one of text, json" in done.stderr
+    assert value in done.stderr
+
+
+def test_an_unknown_log_level_stops_the_process_naming_the_variable():
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=child_env(database="sqlite:///unused.sqlite3", LOG_LEVEL="loud"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0 and "Environment variable LOG_LEVEL must be" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_dispatcher_logs_json_with_the_notifications_context(transactional_db, smtp_server, operators_list):
+    from tests.dispatch.conftest import queue
+
+    configure_smtp(smtp_server)
+    smtp_server.behave("4xx")
+    rows = queue(2, site_id="plant-b")
+    dispatcher = manage("dispatch", "--once", LOG_FORMAT="json", LOG_LEVEL="DEBUG")
+    _, err = dispatcher.communicate(timeout=60)
+    assert dispatcher.returncode == 0, err
+    records = json_lines(err)  # every line of the log is a JSON object
+    finished = [r for r in records if r["logger"] == "notifications.dispatch" and r.get("outcome") == "retrying"]
+    assert sorted(r["notification_id"] for r in finished) == sorted(str(row.pk) for row in rows)
+    for record in finished:
+        assert {key: record[key] for key in ("site", "channel")} == {"site": "plant-b", "channel": "email"}
+        assert record["worker"].startswith("dispatch:")
+        assert record["level"] == "INFO" and record["failure_class"]
+        assert record["notification_id"] in record["message"]
+
+
+@pytest.mark.slow
+def test_the_web_server_logs_json_lines_and_ingest_conflicts_carry_context(transactional_db, site_key, tmp_path):
+    log_path = tmp_path / "web.log"
+    payload = make_payload()
+    with (
+        log_path.open("w") as log,
+        Central(workers=1, options=["--log-level", "info"], stderr=log, LOG_FORMAT="json", LOG_LEVEL="INFO") as central,
+    ):
+        headers = {"Authorization": f"Api-Key {site_key}"}
+        url = f"{central.url}/api/v1/notifications/"
+        assert requests.post(url, json=payload, headers=headers, timeout=10).status_code == 201
+        conflicting = {**payload, "subject": "Something else"}
+        assert requests.post(url, json=conflicting, headers=headers, timeout=10).status_code == 422
+    records = json_lines(log_path.read_text())
+    assert any(r["logger"].startswith("gunicorn") for r in records), records  # gunicorn's own lines too
+    (conflict,) = [r for r in records if r["logger"] == "notifications.ingest"]
+    assert {key: conflict.get(key) for key in CONTEXT if key != "worker"} == {
+        "notification_id": payload["notification_id"],
+        "site": "plant-a",
+        "channel": "email",
+        "outcome": "conflict",
+    }
