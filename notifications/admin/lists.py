@@ -31,6 +31,14 @@ class NotificationListForm(forms.ModelForm):
 
 
 class EmailRecipientFormSet(forms.BaseInlineFormSet):
+    def add_fields(self, form: "forms.ModelForm[Any]", index: int | None) -> None:
+        # A tabular inline has one column heading and no per-row <label>: name each field for
+        # screen readers.
+        super().add_fields(form, index)
+        form.fields["email"].widget.attrs.setdefault("aria-label", "Email address")
+        if "DELETE" in form.fields:
+            form.fields["DELETE"].widget.attrs.setdefault("aria-label", "Remove this recipient")
+
     def clean(self) -> None:
         super().clean()
         seen: set[str] = set()
