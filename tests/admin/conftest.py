@@ -27,6 +27,7 @@ def ensure_roles():
         editor = SimpleNamespace(connection=connection)
         importlib.import_module("notifications.migrations.0004_console_roles").create_roles(apps, editor)
         importlib.import_module("notifications.migrations.0007_delivery_resilience").grant_roles(apps, editor)
+        importlib.import_module("notifications.migrations.0008_console_admin").grant_list_view(apps, editor)
         site_roles = importlib.import_module("sites.migrations.0003_site_operator_permissions")
         site_roles.grant(apps, editor)
 
