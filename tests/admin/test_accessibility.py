@@ -48,10 +48,13 @@ def main_pages(data):
     smtp = SmtpConfiguration.objects.get()
     return [
         ("dashboard", reverse("admin:index")),
+        ("dashboard-7d", reverse("admin:index") + "?trends=7d"),
         ("outbox", reverse("admin:notifications_notification_changelist")),
         ("notification", reverse("admin:notifications_notification_change", args=[data["notification"].pk])),
         ("lists", reverse("admin:notifications_notificationlist_changelist")),
         ("list", reverse("admin:notifications_notificationlist_change", args=[data["list"].pk])),
+        ("list-recipients", reverse("admin:notifications_notificationlist_recipients", args=[data["list"].pk])),
+        ("list-send-test", reverse("admin:notifications_notificationlist_send_test", args=[data["list"].pk])),
         ("smtp", reverse("admin:notifications_smtpconfiguration_change", args=[smtp.pk])),
         ("sites", reverse("admin:sites_site_changelist")),
         ("site", reverse("admin:sites_site_change", args=[data["site"].pk])),
