@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-purge bench-console bench-agent bench-webhooks chaos chaos-short check clean \
+.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-purge bench-console bench-agent bench-webhooks chaos chaos-short check clean screenshots \
         agent-dist test-agent-pythons
 
 help:
@@ -16,6 +16,7 @@ help:
 	@echo "make test-redis - the django-q2 Redis broker tests (needs Redis on 127.0.0.1:6379)"
 	@echo "make bench  - run every benchmark on PostgreSQL and print one summary table"
 	@echo "make chaos  - fault-injection suite on PostgreSQL (needs root for the PostgreSQL restart)"
+	@echo "make screenshots - screenshots of each main console page (light and dark) in test-artifacts/"
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +64,12 @@ check: $(STAMP)
 	$(VENV)/bin/mypy .
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
+
+# Each main console page in headless Chromium, light and dark theme, checked with axe-core and
+# written to test-artifacts/console-<page>-<theme>.png (DATABASE_URL=postgres://… for PostgreSQL).
+screenshots: $(STAMP)
+	$(PY) -m pytest -q tests/admin/test_accessibility.py -k no_serious_accessibility
+	@ls test-artifacts/console-*.png
 
 # Fault injection (chaos/run.py): real gunicorn, dispatchers, PostgreSQL and SMTP under faults.
 chaos: $(STAMP)

@@ -31,7 +31,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from notifications.adapters.base import CHANNEL_FAILURES, DeliveryError
-from notifications.adapters.email import email_send_test
+from notifications.adapters.email import email_connect_test, email_send_test
 from notifications.clock import database_now
 from notifications.health import channel_health_probe_soon
 from notifications.models import Notification, SmtpConfiguration
@@ -277,23 +277,39 @@ class SmtpTestResult:
 
 def smtp_configuration_send_test(*, config: SmtpConfiguration, to: str) -> SmtpTestResult:
     """Send one test message through ``config`` to ``to`` with the email adapter, exactly as a
-    delivery goes; returns an :class:`SmtpTestResult`."""
+    delivery goes; returns an :class:`SmtpTestResult`. ``config`` may be unsaved (the values
+    of a form not yet submitted)."""
     try:
         result = email_send_test(config=config, to=to)
     except DeliveryError as error:
-        policy = delivery_policy_for(channel="email")
-        if error.failure_class not in policy.retry_on:
-            consequence = "parked at once"
-        elif error.failure_class in CHANNEL_FAILURES:
-            consequence = "kept waiting while the channel is retried"
-        else:
-            consequence = "retried"
-        return SmtpTestResult(
-            ok=False,
-            reply=f"{error.message} (failure class {error.failure_class}: a notification failing like this "
-            f"would be {consequence})",
-        )
+        return _smtp_test_failed(error)
     return SmtpTestResult(ok=True, reply=f"{result.detail['smtp_code']} {result.detail['smtp_reply']}")
+
+
+def smtp_configuration_connect_test(*, config: SmtpConfiguration) -> SmtpTestResult:
+    """Connect and log in to ``config``'s server as delivery would, sending nothing; ``config``
+    may be unsaved. ``reply``: the server's greeting answer, or the classified failure."""
+    try:
+        reply = email_connect_test(config=config)
+    except DeliveryError as error:
+        return _smtp_test_failed(error)
+    return SmtpTestResult(ok=True, reply=reply)
+
+
+def _smtp_test_failed(error: DeliveryError) -> SmtpTestResult:
+    """The failed test's answer: the classified failure and what delivery would then do."""
+    policy = delivery_policy_for(channel="email")
+    if error.failure_class not in policy.retry_on:
+        consequence = "parked at once"
+    elif error.failure_class in CHANNEL_FAILURES:
+        consequence = "kept waiting while the channel is retried"
+    else:
+        consequence = "retried"
+    return SmtpTestResult(
+        ok=False,
+        reply=f"{error.message} (failure class {error.failure_class}: a notification failing like this "
+        f"would be {consequence})",
+    )
 
 
 # --- one notification, by action name (the staff API) ------------------------------------------

@@ -53,7 +53,7 @@ def bench_raw_insert(request: HttpRequest) -> JsonResponse:
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
-    """JSON for API clients, Django's page for people."""
+    """JSON for API clients, the styled page (templates/) for people."""
     if request.path.startswith("/api/"):
         return JsonResponse({"error": "not_found", "detail": "No such resource."}, status=404)
     from django.views.defaults import page_not_found
@@ -61,8 +61,17 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     return page_not_found(request, exception)
 
 
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """JSON for API clients, the styled 403 page (templates/403.html) for people."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "forbidden", "detail": "Not allowed."}, status=403)
+    from django.views.defaults import permission_denied as django_permission_denied
+
+    return django_permission_denied(request, exception)
+
+
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
-    """JSON for API clients (e.g. a Host header not in ALLOWED_HOSTS), Django's page for people."""
+    """JSON for API clients (e.g. a Host header not in ALLOWED_HOSTS), the styled page for people."""
     if request.path.startswith("/api/"):
         return JsonResponse(
             {"error": "bad_request", "detail": "Bad request (e.g. a Host not served here)."}, status=400
@@ -73,7 +82,7 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    """JSON for API clients, Django's page for people."""
+    """JSON for API clients, the styled page (templates/) for people."""
     if request.path.startswith("/api/"):
         return JsonResponse({"error": "server_error", "detail": "Internal error; it has been logged."}, status=500)
     from django.views.defaults import server_error as django_server_error

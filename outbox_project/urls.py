@@ -50,5 +50,6 @@ if settings.OUTBOX_BENCH_RAW_VIEW:
     urlpatterns.append(path("bench/raw-insert/", views.bench_raw_insert))
 
 handler400 = "notifications.views.bad_request"
+handler403 = "notifications.views.permission_denied"
 handler404 = "notifications.views.not_found"
 handler500 = "notifications.views.server_error"

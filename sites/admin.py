@@ -41,7 +41,7 @@ if admin.site.is_registered(APIKey):
 
 class SiteAPIKeyInline(admin.TabularInline):
     model = SiteAPIKey
-    fields = ("prefix", "name", "created", "expiry_date", "state", "revoke_link")
+    fields = ("prefix", "name", "created", "expiry_date", "last_used_at", "state", "revoke_link")
     readonly_fields = fields
     extra = 0
     max_num = 0
@@ -69,6 +69,29 @@ class SiteAPIKeyInline(admin.TabularInline):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class IssueKeyForm(forms.Form):
+    """The optional name and expiry of a key being issued (defaults: a dated name, no expiry)."""
+
+    name = forms.CharField(
+        required=False,
+        max_length=SiteAPIKey._meta.get_field("name").max_length,
+        error_messages={"max_length": "The key name can be at most %(limit_value)d characters long."},
+    )
+    expiry_date = forms.DateTimeField(
+        required=False,
+        label="Expires (UTC)",
+        error_messages={"invalid": "Enter the expiry as a date and time, e.g. 2027-01-31 18:00."},
+    )
+
+    def clean_expiry_date(self) -> Any:
+        expiry = self.cleaned_data.get("expiry_date")
+        if expiry is not None and expiry <= timezone.now():
+            raise forms.ValidationError(
+                "The expiry must be in the future; a key that expired at once would be useless."
+            )
+        return expiry
 
 
 def _when(moment: Any) -> str:
@@ -214,8 +237,13 @@ class SiteAdmin(admin.ModelAdmin):
         site = self._site_or_deny(request, object_id)
         if site is None:
             return self._missing(request, object_id)
-        name = f"{site.site_id} key {timezone.now():%Y-%m-%d %H:%M}"
-        api_key, plaintext = site_key_issue(site=site, name=name)
+        form = IssueKeyForm(request.POST)
+        if not form.is_valid():
+            problems = "; ".join(str(error) for errors in form.errors.values() for error in errors)
+            self.message_user(request, f"No key was issued: {problems}", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:sites_site_change", args=[site.pk]))
+        name = form.cleaned_data["name"].strip() or f"{site.site_id} key {timezone.now():%Y-%m-%d %H:%M}"
+        api_key, plaintext = site_key_issue(site=site, name=name, expiry_date=form.cleaned_data["expiry_date"])
         self.log_change(request, site, f"Issued API key {api_key.prefix}.")
         response = TemplateResponse(
             request,

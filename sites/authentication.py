@@ -48,6 +48,7 @@ class SiteKeyAuthentication(authentication.BaseAuthentication):
             _failed(failure_keys, "API key has expired.", code="expired_key")
         site = api_key.site
         site_touch_last_seen(site=site)
+        key_touch_last_used(api_key=api_key)
         return (site, api_key)
 
     def authenticate_header(self, request: Request) -> str:
@@ -124,6 +125,15 @@ def site_touch_last_seen(*, site: Site) -> None:
     if site.last_seen_at is None or now - site.last_seen_at >= LAST_SEEN_RESOLUTION:
         Site.objects.filter(pk=site.pk).update(last_seen_at=now)
         site.last_seen_at = now
+
+
+def key_touch_last_used(*, api_key: SiteAPIKey) -> None:
+    """Record that ``api_key`` authenticated a request now, at most once per LAST_SEEN_RESOLUTION
+    (one UPDATE, no signal, so the verified-key cache stays warm)."""
+    now = timezone.now()
+    if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_SEEN_RESOLUTION:
+        SiteAPIKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+        api_key.last_used_at = now
 
 
 class IsActiveSite(permissions.BasePermission):

@@ -37,6 +37,9 @@ class SiteAPIKey(AbstractAPIKey):
     """A hashed, revocable, optionally expiring key; a site may hold several during rotation."""
 
     site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="api_keys")
+    # When the key last authenticated a request, written at most once a minute per key
+    # (sites.authentication) so that ingest does not pay a write per request.
+    last_used_at = models.DateTimeField(null=True, blank=True)
 
     objects: ClassVar[SiteAPIKeyManager] = SiteAPIKeyManager()
 

@@ -1042,3 +1042,26 @@ def email_send_test(*, config: SmtpConfiguration, to: str) -> DeliveryResult:
             return session.deliver(message, EmailTargets([to], recipient_mode=RecipientMode.TO))
     finally:
         session.close()
+
+
+def email_connect_test(*, config: SmtpConfiguration) -> str:
+    """Connect to ``config``'s server exactly as delivery does (TLS or STARTTLS, EHLO, login when
+    a username is set) and hang up without sending anything. Returns the server's EHLO answer's
+    first line; raises DeliveryError with the failure class delivery would see."""
+    session = EmailSession(config)
+    try:
+        smtp = session._connect()
+    except (smtplib.SMTPException, OSError) as exc:
+        raise classify(exc, stage="connect") from exc
+    try:
+        if smtp.ehlo_resp:
+            code, reply = 250, smtp.ehlo_resp
+        else:
+            code, reply = smtp.noop()
+        lines = _text(reply).splitlines()
+        return f"{code} {lines[0] if lines else ''}".strip()
+    except (smtplib.SMTPException, OSError) as exc:
+        raise classify(exc, stage="NOOP") from exc
+    finally:
+        _quit(smtp)
+        session.close()

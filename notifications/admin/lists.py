@@ -1,21 +1,46 @@
 """Notification lists and their email recipients. Names follow notifications.list_names (stored
-trimmed in NFC, compared ignoring case, look-alikes refused); addresses ignore case."""
+trimmed in NFC, compared ignoring case, look-alikes refused); addresses ignore case.
+
+List tools (notifications.list_tools): "Who would receive" (each channel's resolved targets,
+for anyone who may view lists, Operators included), "Send a test notification" (through the
+ingest path) and "Add many addresses" (a textarea on the list's form, checked line by line)."""
 
 from typing import Any
 
 from django import forms
-from django.contrib import admin
-from django.core.exceptions import ValidationError
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 
+from notifications.adapters import ADAPTER_PATHS
 from notifications.admin.channels import CHANNEL_INLINES
+from notifications.admin.common import missing_object_redirect
 from notifications.email_address import email_address_problem
 from notifications.list_names import list_name_normalize, list_name_problem, notification_list_clash
+from notifications.list_tools import (
+    TEST_SUBJECT_PREFIX,
+    TestNotificationError,
+    addresses_parse,
+    list_add_addresses,
+    list_recipients_preview,
+    list_send_test,
+)
 from notifications.models import EmailRecipient, NotificationList
 
 
 class NotificationListForm(forms.ModelForm):
+    add_addresses = forms.CharField(
+        required=False,
+        label="Add many addresses",
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "placeholder": "one address per line"}),
+        help_text="Paste addresses, one per line (commas also separate). Each line is checked; "
+        "addresses already in the list are skipped.",
+    )
+
     class Meta:
         model = NotificationList
         fields = ("name", "description", "recipient_mode")
@@ -31,8 +56,28 @@ class NotificationListForm(forms.ModelForm):
             raise ValidationError(f"A list named {clash.name!r} already exists (list names ignore case).")
         return name
 
+    def clean_add_addresses(self) -> list[str]:
+        addresses, problems = addresses_parse(self.cleaned_data.get("add_addresses") or "")
+        if problems:
+            raise ValidationError(problems)
+        return addresses
+
+
+class TestNotificationForm(forms.Form):
+    channel = forms.ChoiceField(choices=[(name, name) for name in sorted(ADAPTER_PATHS)])
+    subject = forms.CharField(max_length=200, help_text=f"Sent with “{TEST_SUBJECT_PREFIX.strip()}” in front.")
+    body = forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "cols": 60}), max_length=10_000)
+
 
 class EmailRecipientFormSet(forms.BaseInlineFormSet):
+    def add_fields(self, form: "forms.ModelForm[Any]", index: int | None) -> None:
+        # A tabular inline has one column heading and no per-row <label>: name each field for
+        # screen readers.
+        super().add_fields(form, index)
+        form.fields["email"].widget.attrs.setdefault("aria-label", "Email address")
+        if "DELETE" in form.fields:
+            form.fields["DELETE"].widget.attrs.setdefault("aria-label", "Remove this recipient")
+
     def clean(self) -> None:
         super().clean()
         seen: set[str] = set()
@@ -68,6 +113,98 @@ class NotificationListAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[NotificationList]:
         return super().get_queryset(request).annotate(recipient_count=Count("email_recipients"))
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_fields(request, obj))
+        if not self.has_change_permission(request, obj) and "add_addresses" in fields:
+            fields.remove("add_addresses")  # view-only: nothing to paste into
+        return fields
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        pasted = form.cleaned_data.get("add_addresses") or []
+        if pasted:
+            added, already = list_add_addresses(notification_list=form.instance, addresses=pasted)
+            said = f"Added {len(added)} address{'es' if len(added) != 1 else ''} to {form.instance.name}."
+            if already:
+                said += f" Already in the list, skipped: {', '.join(already)}."
+            self.message_user(request, said, messages.SUCCESS)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "<path:object_id>/recipients/",
+                self.admin_site.admin_view(self.recipients_view),
+                name="notifications_notificationlist_recipients",
+            ),
+            path(
+                "<path:object_id>/send-test/",
+                self.admin_site.admin_view(self.send_test_view),
+                name="notifications_notificationlist_send_test",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _list_context(self, request: HttpRequest, notification_list: Any, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.opts,
+            "original": notification_list,
+            **extra,
+        }
+
+    def recipients_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        """Who a notification to this list would reach, per channel (view permission suffices)."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        notification_list = self.get_object(request, unquote(object_id))
+        if notification_list is None:
+            return missing_object_redirect(self, request, object_id)
+        preview = list_recipients_preview(notification_list=notification_list)
+        context = self._list_context(request, notification_list, f"Who would receive “{notification_list.name}”")
+        context["preview"] = preview
+        return TemplateResponse(request, "admin/notifications/notificationlist/recipients.html", context)
+
+    def send_test_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        """A real notification to this list, marked as a test, created through ingest."""
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        notification_list = self.get_object(request, unquote(object_id))
+        if notification_list is None:
+            return missing_object_redirect(self, request, object_id)
+        if request.method == "POST":
+            form = TestNotificationForm(request.POST)
+            if form.is_valid():
+                try:
+                    notification_id = list_send_test(
+                        notification_list=notification_list, username=request.user.get_username(), **form.cleaned_data
+                    )
+                except TestNotificationError as error:
+                    self.message_user(request, str(error), messages.ERROR)
+                else:
+                    self.message_user(
+                        request,
+                        f"Test notification {str(notification_id)[:8]} to {notification_list.name} was queued; "
+                        "it is delivered like any other notification.",
+                        messages.SUCCESS,
+                    )
+                    return HttpResponseRedirect(
+                        reverse("admin:notifications_notification_change", args=[notification_id])
+                    )
+        else:
+            form = TestNotificationForm(
+                initial={
+                    "channel": "email",
+                    "subject": f"Test notification to {notification_list.name}",
+                    "body": f"This is a test notification to the list {notification_list.name}, sent from the "
+                    f"Outbox console by {request.user.get_username()}. No action is needed.",
+                }
+            )
+        context = self._list_context(
+            request, notification_list, f"Send a test notification to “{notification_list.name}”", form=form
+        )
+        return TemplateResponse(request, "admin/notifications/notificationlist/send_test.html", context)
 
     @admin.display(description="email recipients", ordering="recipient_count")
     def recipient_count(self, obj: Any) -> int:

@@ -1,5 +1,9 @@
 """The SMTP configuration (a singleton) and its "Send test email", which sends through the email
-adapter exactly as delivery does (notifications.operations.smtp_configuration_send_test)."""
+adapter exactly as delivery does (notifications.operations.smtp_configuration_send_test).
+
+The change form also tests the values typed into it before they are saved: "Check connection"
+(connect, TLS, log in; nothing sent) and "Send test email", through the same adapter code. The
+configuration cannot be deleted: without it every email would park."""
 
 from typing import Any
 
@@ -7,6 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -15,6 +20,8 @@ from notifications.admin.common import missing_object_redirect
 from notifications.email_address import email_address_problem
 from notifications.models import SmtpConfiguration
 from notifications.operations import (
+    SmtpTestResult,
+    smtp_configuration_connect_test,
     smtp_configuration_send_test,
     smtp_oauth_secret_kept_problem,
     smtp_password_kept_problem,
@@ -25,6 +32,20 @@ PLAINTEXT_AUTH_WARNING = (
     "The SMTP configuration sends a username and password with security=none: they cross the network "
     "unencrypted. Use security=starttls or tls unless the relay is on this host."
 )
+
+# The database's check constraints, as field errors in words (shown before the database would
+# refuse the row with only the constraint's name).
+FIELD_BOUNDS = {
+    "port": (
+        1,
+        65535,
+        "The port must be a number from 1 to 65535 (usually 587 for STARTTLS, 465 for implicit TLS, 25 for plain SMTP).",
+    ),
+    "timeout_seconds": (1, None, "The timeout must be at least 1 second."),
+}
+TEST_CONNECT = "_smtp_test_connect"
+TEST_SEND = "_smtp_test_send"
+TEST_TO = "smtp_test_to"
 
 
 class SmtpConfigurationForm(forms.ModelForm):
@@ -79,6 +100,10 @@ class SmtpConfigurationForm(forms.ModelForm):
         has_secret = self.instance.pk and self.instance.oauth_client_secret
         stored = "A client secret is stored." if has_secret else "No client secret is stored."
         self.fields["oauth_client_secret"].help_text = f"{stored} {self.fields['oauth_client_secret'].help_text}"
+        for name, (low, high, message) in FIELD_BOUNDS.items():
+            field = self.fields.get(name)
+            if field is not None:
+                _bound(field, low, high, message)
 
     def clean_from_address(self) -> str:
         address = self.cleaned_data["from_address"]
@@ -147,6 +172,32 @@ class SmtpConfigurationForm(forms.ModelForm):
         return cleaned
 
 
+def _bound(field: forms.Field, low: int, high: int | None, message: str) -> None:
+    """Replace ``field``'s numeric bounds by ``low``…``high`` with one error ``message``."""
+    kept = [v for v in field.validators if not isinstance(v, MinValueValidator | MaxValueValidator)]
+    field.validators = [*kept, MinValueValidator(low, message=message)]
+    field.widget.attrs["min"] = low
+    if high is not None:
+        field.validators.append(MaxValueValidator(high, message=message))
+        field.widget.attrs["max"] = high
+
+
+def _testing_form(base: type[forms.ModelForm], model_admin: "SmtpConfigurationAdmin", request: HttpRequest) -> type:
+    """``base`` for a POST of the change form's test buttons: valid values are tested through
+    the email adapter and never saved (is_valid() answers False so the admin shows the form
+    again with the typed values and the test's answer)."""
+
+    class TestingForm(base):  # type: ignore[valid-type,misc]
+        def is_valid(self) -> bool:
+            if super().is_valid():
+                model_admin.test_unsaved(request, self.save(commit=False))
+            else:
+                model_admin.message_user(request, "Correct the errors below, then test again.", messages.ERROR)
+            return False
+
+    return TestingForm
+
+
 class SendTestForm(forms.Form):
     to = forms.EmailField(label="Send a test message to")
 
@@ -192,6 +243,41 @@ class SmtpConfigurationAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if obj.username and obj.security == SmtpConfiguration.Security.NONE:
             self.message_user(request, PLAINTEXT_AUTH_WARNING, messages.WARNING)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Without the configuration every email would park: it can be changed, never deleted.
+        return False
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if request.method == "POST" and (TEST_CONNECT in request.POST or TEST_SEND in request.POST):
+            return _testing_form(form, self, request)
+        return form
+
+    def test_unsaved(self, request: HttpRequest, config: SmtpConfiguration) -> None:
+        """Run the test the button asked for on ``config`` (unsaved form values); say the result."""
+        if TEST_SEND in request.POST:
+            to = request.POST.get(TEST_TO, "").strip()
+            try:
+                forms.EmailField().clean(to)
+            except forms.ValidationError:
+                shown = f"“{to}”" if to else "nothing"
+                self.message_user(
+                    request,
+                    f"Enter the address to send the test message to ({shown} is not an email address).",
+                    messages.ERROR,
+                )
+                return
+            result = smtp_configuration_send_test(config=config, to=to)
+            outcome = "accepted the test message" if result.ok else "did not accept the test message"
+        else:
+            result = smtp_configuration_connect_test(config=config)
+            outcome = "accepted the connection" + (" and login" if config.username else "") if result.ok else "refused"
+        self._say(request, config, outcome, result)
+
+    def _say(self, request: HttpRequest, config: SmtpConfiguration, outcome: str, result: SmtpTestResult) -> None:
+        level = messages.SUCCESS if result.ok else messages.ERROR
+        self.message_user(request, f"{config.host}:{config.port} {outcome} (values not saved): {result.reply}", level)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # A singleton: once configured there is only something to change.

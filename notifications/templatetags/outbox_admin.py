@@ -67,3 +67,48 @@ def iso_utc(value: object) -> str:
     """ "2026-11-23T08:09:41.293676Z" → "2026-11-23 08:09:41 UTC"."""
     text = str(value or "")
     return f"{text[:10]} {text[11:19]} UTC" if len(text) >= 19 else text
+
+
+RANGE_LABELS = {"24h": "last 24 hours", "7d": "last 7 days"}
+
+
+@register.simple_tag(takes_context=True)
+def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
+    """The dashboard's trend charts (notifications.trends) for the range in ``?trends=`` (24h
+    by default), or None when the user may not view notifications."""
+    from notifications.charts import bar_chart, sparkline
+    from notifications.trends import METRICS, trends_compute
+
+    request = context.get("request")
+    if request is None or not request.user.has_perm("notifications.view_notification"):
+        return None
+    range_name = request.GET.get("trends", "24h")
+    if range_name not in RANGE_LABELS:
+        range_name = "24h"
+    label = RANGE_LABELS[range_name]
+    trends = trends_compute(range_name=range_name)
+    hours = trends.hour_starts()
+
+    def sparks(series: Any) -> list[tuple[str, int, str]]:
+        return [
+            (metric, series.total(metric), sparkline(values=series.counts[metric], metric=metric, range_label=label))
+            for metric in METRICS
+        ]
+
+    return {
+        "range_name": range_name,
+        "range_label": label,
+        "ranges": list(RANGE_LABELS.items()),
+        "charts": [
+            (
+                metric,
+                trends.overall.total(metric),
+                bar_chart(values=trends.overall.counts[metric], hours=hours, metric=metric, range_label=label),
+            )
+            for metric in METRICS
+        ],
+        "tile_sparks": {metric: spark for metric, _, spark in sparks(trends.overall)},
+        "by_site": [(site, sparks(series)) for site, series in list(trends.by_site.items())[:20]],
+        "more_sites": max(0, len(trends.by_site) - 20),
+        "by_channel": [(channel, sparks(series)) for channel, series in trends.by_channel.items()],
+    }

@@ -35,6 +35,9 @@ def test_migration_creates_operators_who_view_and_act_on_notifications_and_view_
         "sites.view_siteheartbeat",
         "notifications.view_deliverypolicy",
         "notifications.view_channelhealth",
+        # Notification lists and their recipients, read-only (who would receive a notification).
+        "notifications.view_notificationlist",
+        "notifications.view_emailrecipient",
     }
 
 
@@ -82,8 +85,8 @@ def test_operator_sees_the_outbox_page(operator_client):
     assert b"Boiler low water" in response.content
 
 
-def test_operator_cannot_open_or_edit_notification_lists(operator_client, operators_list):
-    assert operator_client.get(reverse("admin:notifications_notificationlist_changelist")).status_code == 403
+def test_operator_sees_notification_lists_read_only_and_cannot_edit_them(operator_client, operators_list):
+    assert operator_client.get(reverse("admin:notifications_notificationlist_changelist")).status_code == 200
     url = reverse("admin:notifications_notificationlist_change", args=[operators_list.pk])
     response = operator_client.post(url, {"name": "Hijacked", "description": ""})
     assert response.status_code == 403
