@@ -281,3 +281,60 @@ class TextConcat(Func):
     arg_joiner = " || "
     template = "(%(expressions)s)"
     output_field = TextField()
+
+
+# --- the console's search and parked causes ---------------------------------------------------
+
+# The columns the console's search looks in, joined by a space; on PostgreSQL a trigram index
+# on exactly this expression answers the search (migration 0008_console_outbox).
+SEARCH_COLUMNS = ("subject", "list_name", "last_error", "source_instance_id", "source_script")
+SEARCH_TEXT_SQL = "(" + " || ' ' || ".join(SEARCH_COLUMNS) + ")"
+
+# A parked row's cause: the start of its last error (the grouping key of the parked-by-cause
+# view); on PostgreSQL a partial index on Parked rows holds it (migration 0008_console_outbox).
+CAUSE_LENGTH = 200
+
+
+class SearchText(Func):
+    """The searched columns joined by a space, written exactly as the trigram index's expression."""
+
+    output_field = TextField()
+
+    def __init__(self) -> None:
+        super().__init__(*(F(name) for name in SEARCH_COLUMNS))
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:  # type: ignore[override]
+        parts, params = [], []
+        for expression in self.source_expressions:
+            sql, part_params = compiler.compile(expression)
+            parts.append(sql)
+            params.extend(part_params)
+        return "(" + " || ' ' || ".join(parts) + ")", params
+
+
+class ParkedCause(Func):
+    """The first CAUSE_LENGTH characters of ``last_error``, written as the cause index's expression."""
+
+    output_field = TextField()
+
+    def __init__(self) -> None:
+        super().__init__(F("last_error"))
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:  # type: ignore[override]
+        sql, params = compiler.compile(self.source_expressions[0])
+        function = "left" if connection.vendor == "postgresql" else "substr"
+        if function == "left":
+            return f"left({sql}, {CAUSE_LENGTH})", list(params)
+        return f"substr({sql}, 1, {CAUSE_LENGTH})", list(params)
+
+
+def text_contains_ignoring_case(text: str) -> Q | ILike:
+    """A filter: the searched columns (SEARCH_COLUMNS) contain ``text``, ignoring case; on
+    PostgreSQL an ILIKE that the search trigram index answers."""
+    if connection.vendor == "postgresql":
+        escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return ILike(SearchText(), f"%{escaped}%")
+    either = Q()
+    for name in SEARCH_COLUMNS:
+        either |= Q(**{f"{name}__icontains": text})
+    return either

@@ -28,7 +28,7 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     """``{"global": {...}, "per_site": {site_id: {...}}, "channels": [...], "computed_at": iso}``.
 
     Each figure set holds queue_depth (Pending + Retrying), stuck (non-terminal and older than
-    OUTBOX_STUCK_AGE), parked, expired (the parked ones that were parked for their age),
+    OUTBOX_STUCK_AGE since created or last retried/requeued), parked, expired (the parked ones that were parked for their age),
     delivered_last_interval (within OUTBOX_KPI_INTERVAL) and oldest_pending_age_seconds (the
     oldest non-terminal notification's age; None when none). The global set also holds
     failures_last_interval: failed attempts within the interval, per failure class (every
@@ -46,7 +46,13 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
         .values("source_site_id")
         .annotate(
             queue_depth=Count("created_at", filter=non_terminal),
-            stuck=Count("created_at", filter=non_terminal & Q(created_at__lt=stuck_before)),
+            # Stuck counts from the last enqueue or operator Retry/Requeue (requeued_at), not creation.
+            stuck=Count(
+                "created_at",
+                filter=non_terminal
+                & Q(created_at__lt=stuck_before)
+                & (Q(requeued_at__isnull=True) | Q(requeued_at__lt=stuck_before)),
+            ),
             parked=Count("created_at", filter=Q(status=Status.PARKED)),
             expired=Count("created_at", filter=Q(status=Status.PARKED, expired_at__isnull=False)),
             delivered_last_interval=Value(0),

@@ -1,0 +1,47 @@
+"""Indexes of the console's outbox page (docs/console.md).
+
+- Stuck age counts from the last enqueue or operator Retry/Requeue (``requeued_at``), so the
+  KPI index of open rows also holds ``requeued_at`` (the KPI query stays index-only).
+- The list filter offers the list names Parked rows use (a partial index of them).
+- The redrive view counts the rows of one Retry by their ``requeued_at``.
+- PostgreSQL: the parked-by-cause view groups Parked rows by the start of their last error,
+  from a partial index of Parked rows alone; the search looks in subject, list name, last error,
+  source instance and script through one trigram index on those columns joined.
+
+Raw SQL like 0002 and 0005, so the model state stays as it is.
+"""
+
+from django.db import migrations
+
+from notifications.db import CAUSE_LENGTH, SEARCH_TEXT_SQL
+
+TABLE = "notifications_notification"
+OPEN_OLD = "(source_site_id, status, created_at) WHERE status IN ('Pending', 'Retrying', 'Parked')"
+OPEN_NEW = "(source_site_id, status, created_at, requeued_at) WHERE status IN ('Pending', 'Retrying', 'Parked')"
+
+
+def create(apps, schema_editor):
+    run = schema_editor.execute
+    run(f"CREATE INDEX IF NOT EXISTS notif_kpi_open_requeued_idx ON {TABLE} {OPEN_NEW}")
+    run("DROP INDEX IF EXISTS notif_kpi_open_idx")
+    run(f"CREATE INDEX IF NOT EXISTS notif_requeued_idx ON {TABLE} (requeued_at, status) WHERE requeued_at IS NOT NULL")
+    run(f"CREATE INDEX IF NOT EXISTS notif_parked_list_idx ON {TABLE} (list_name) WHERE status = 'Parked'")
+    if schema_editor.connection.vendor == "postgresql":
+        run(
+            f"CREATE INDEX IF NOT EXISTS notif_parked_cause_idx ON {TABLE} "
+            f"(left(last_error, {CAUSE_LENGTH}), list_name, source_site_id, created_at) WHERE status = 'Parked'"
+        )
+        run("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+        run(f"CREATE INDEX IF NOT EXISTS notif_search_trgm_idx ON {TABLE} USING gin ({SEARCH_TEXT_SQL} gin_trgm_ops)")
+
+
+def drop(apps, schema_editor):
+    run = schema_editor.execute
+    run(f"CREATE INDEX IF NOT EXISTS notif_kpi_open_idx ON {TABLE} {OPEN_OLD}")
+    for name in ("notif_kpi_open_requeued_idx", "notif_requeued_idx", "notif_parked_list_idx", "notif_parked_cause_idx", "notif_search_trgm_idx"):
+        run(f"DROP INDEX IF EXISTS {name}")
+
+
+class Migration(migrations.Migration):
+    dependencies = [("notifications", "0007_delivery_resilience")]
+    operations = [migrations.RunPython(create, drop)]
