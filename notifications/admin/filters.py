@@ -312,10 +312,11 @@ def _is_date(raw: str) -> bool:
 
 
 class _HiddenFilter(admin.ListFilter):
-    """A filter reached by links from other console views (no entry in the sidebar); the page's
-    "clear all filters" removes it like any other."""
+    """A filter reached by links from other console views: in the sidebar only while it is
+    applied (showing its value and a link that removes it)."""
 
     parameter_name = ""
+    template = "admin/notifications/notification/link_filter.html"
 
     def __init__(
         self, request: HttpRequest, params: dict[str, list[str]], model: type[Model], model_admin: Any
@@ -329,10 +330,12 @@ class _HiddenFilter(admin.ListFilter):
         return None if value is None else str(value)
 
     def has_output(self) -> bool:
-        return False
+        return True  # Django applies only the filters that have output; the template shows nothing unless applied
 
     def choices(self, changelist: ChangeList) -> Any:
-        return []
+        value = self.value()
+        if value is not None:
+            yield {"value": value, "clear_url": changelist.get_query_string(remove=[self.parameter_name])}
 
     def expected_parameters(self) -> list[str | None]:
         return [self.parameter_name]
