@@ -154,7 +154,9 @@ def test_a_group_offers_retry_once_its_list_exists_and_retry_all_leads_to_the_re
     assert fragment.lstrip().startswith('<div id="outbox-redrive-counts" data-done="1"')
     assert "Done: 2 of 3 delivered, 1 parked again." in fragment
     # "Show these rows" lists exactly the retried rows.
-    rows_link = re.search(r'href="([^"]+)" id="redrive-rows-link"', page)[1].replace("&amp;", "&")
+    found = re.search(r'href="([^"]+)" id="redrive-rows-link"', page)
+    assert found is not None
+    rows_link = found[1].replace("&amp;", "&")
     assert {row.pk for row in operator_client.get(rows_link).context["cl"].result_list} == {r.pk for r in rows}
 
 
@@ -194,8 +196,9 @@ def test_retry_selected_links_to_its_redrive_view(operator_client):
     )
     content = response.content.decode()
     assert "Retried 1 notification." in content
-    link = re.search(r'<a href="([^"]+)" class="outbox-redrive-link">Follow their progress</a>', content)[1]
-    page = operator_client.get(link.replace("&amp;", "&")).content.decode()
+    found = re.search(r'<a href="([^"]+)" class="outbox-redrive-link">Follow their progress</a>', content)
+    assert found is not None
+    page = operator_client.get(found[1].replace("&amp;", "&")).content.decode()
     assert re.search(r'id="redrive-waiting"><span class="outbox-tile-value">1<', page)
 
 
