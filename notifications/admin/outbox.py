@@ -143,7 +143,6 @@ class NotificationAdmin(OutboxConsoleViews, admin.ModelAdmin):
     list_display = (
         "short_id",
         "status_badge",
-        "type",
         "list_column",
         "subject_column",
         "site_column",

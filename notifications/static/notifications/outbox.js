@@ -32,7 +32,6 @@
   function autoRefresh() {
     var toggle = document.getElementById("outbox-autorefresh");
     if (!toggle) return;
-    var seconds = parseInt(toggle.getAttribute("data-interval"), 10) || 10;
     var note = document.getElementById("outbox-refreshed");
     var timer = null;
 
@@ -59,6 +58,7 @@
 
     function apply() {
       if (timer) { clearInterval(timer); timer = null; }
+      var seconds = parseInt(toggle.getAttribute("data-interval"), 10) || 10;
       if (toggle.checked) { timer = setInterval(refresh, seconds * 1000); }
       else if (note) { note.textContent = ""; }
       try { localStorage.setItem("outbox-autorefresh", toggle.checked ? "1" : "0"); } catch (e) { /* private mode */ }
