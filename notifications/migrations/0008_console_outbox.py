@@ -16,14 +16,22 @@ from django.db import migrations
 from notifications.db import CAUSE_LENGTH, SEARCH_TEXT_SQL
 
 TABLE = "notifications_notification"
-OPEN_OLD = "(source_site_id, status, created_at) WHERE status IN ('Pending', 'Retrying', 'Parked')"
-OPEN_NEW = "(source_site_id, status, created_at, requeued_at) WHERE status IN ('Pending', 'Retrying', 'Parked')"
+
+# 0007's KPI index of open rows, and the same with requeued_at (the stuck figure).
+OPEN_OLD = "(source_site_id, status, created_at, expired_at) WHERE status IN ('Pending', 'Retrying', 'Parked')"
+OPEN_NEW = (
+    "(source_site_id, status, created_at, expired_at, requeued_at) WHERE status IN ('Pending', 'Retrying', 'Parked')"
+)
+
+
+def _open_index(schema_editor, definition):
+    schema_editor.execute("DROP INDEX IF EXISTS notif_kpi_open_idx")
+    schema_editor.execute(f"CREATE INDEX notif_kpi_open_idx ON {TABLE} {definition}")
 
 
 def create(apps, schema_editor):
     run = schema_editor.execute
-    run(f"CREATE INDEX IF NOT EXISTS notif_kpi_open_requeued_idx ON {TABLE} {OPEN_NEW}")
-    run("DROP INDEX IF EXISTS notif_kpi_open_idx")
+    _open_index(schema_editor, OPEN_NEW)
     run(f"CREATE INDEX IF NOT EXISTS notif_requeued_idx ON {TABLE} (requeued_at, status) WHERE requeued_at IS NOT NULL")
     run(f"CREATE INDEX IF NOT EXISTS notif_parked_list_idx ON {TABLE} (list_name) WHERE status = 'Parked'")
     if schema_editor.connection.vendor == "postgresql":
@@ -37,8 +45,8 @@ def create(apps, schema_editor):
 
 def drop(apps, schema_editor):
     run = schema_editor.execute
-    run(f"CREATE INDEX IF NOT EXISTS notif_kpi_open_idx ON {TABLE} {OPEN_OLD}")
-    for name in ("notif_kpi_open_requeued_idx", "notif_requeued_idx", "notif_parked_list_idx", "notif_parked_cause_idx", "notif_search_trgm_idx"):
+    _open_index(schema_editor, OPEN_OLD)
+    for name in ("notif_requeued_idx", "notif_parked_list_idx", "notif_parked_cause_idx", "notif_search_trgm_idx"):
         run(f"DROP INDEX IF EXISTS {name}")
 
 
