@@ -2,7 +2,8 @@
 
 - Stuck age counts from the last enqueue or operator Retry/Requeue (``requeued_at``), so the
   KPI index of open rows also holds ``requeued_at`` (the KPI query stays index-only).
-- The list filter offers the list names Parked rows use (a partial index of them).
+- The list filter offers the list names Parked rows use (a partial index of them), and filters
+  by list newest first from an index on (list_name, created_at).
 - The redrive view counts the rows of one Retry by their ``requeued_at``.
 - PostgreSQL: the parked-by-cause view groups Parked rows by the start of their last error,
   from a partial index of Parked rows alone; the search looks in subject, list name, last error,
@@ -34,6 +35,7 @@ def create(apps, schema_editor):
     _open_index(schema_editor, OPEN_NEW)
     run(f"CREATE INDEX IF NOT EXISTS notif_requeued_idx ON {TABLE} (requeued_at, status) WHERE requeued_at IS NOT NULL")
     run(f"CREATE INDEX IF NOT EXISTS notif_parked_list_idx ON {TABLE} (list_name) WHERE status = 'Parked'")
+    run(f"CREATE INDEX IF NOT EXISTS notif_list_created_idx ON {TABLE} (list_name, created_at)")
     if schema_editor.connection.vendor == "postgresql":
         run(
             f"CREATE INDEX IF NOT EXISTS notif_parked_cause_idx ON {TABLE} "
@@ -46,7 +48,13 @@ def create(apps, schema_editor):
 def drop(apps, schema_editor):
     run = schema_editor.execute
     _open_index(schema_editor, OPEN_OLD)
-    for name in ("notif_requeued_idx", "notif_parked_list_idx", "notif_parked_cause_idx", "notif_search_trgm_idx"):
+    for name in (
+        "notif_requeued_idx",
+        "notif_parked_list_idx",
+        "notif_list_created_idx",
+        "notif_parked_cause_idx",
+        "notif_search_trgm_idx",
+    ):
         run(f"DROP INDEX IF EXISTS {name}")
 
 
