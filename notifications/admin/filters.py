@@ -351,7 +351,9 @@ class ParkedCauseFilter(_HiddenFilter):
         value = self.value()
         if value is None:
             return queryset
-        return queryset.annotate(cause=db.ParkedCause()).filter(status=Status.PARKED, cause=value)
+        from notifications.console import cause_q
+
+        return queryset.filter(cause_q(value))
 
 
 class RequeuedAtFilter(_HiddenFilter):
