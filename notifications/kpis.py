@@ -27,9 +27,9 @@ COUNTS = ("queue_depth", "stuck", "parked", "expired", "delivered_last_interval"
 def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     """``{"global": {...}, "per_site": {site_id: {...}}, "channels": [...], "computed_at": iso}``.
 
-    Each figure set holds queue_depth (Pending + Retrying), stuck (non-terminal and older than
-    OUTBOX_STUCK_AGE since created or last retried/requeued), parked, expired (the parked ones that were parked for their age),
-    delivered_last_interval (within OUTBOX_KPI_INTERVAL) and oldest_pending_age_seconds (the
+    Each figure set holds queue_depth (Pending + Retrying), stuck (non-terminal and queued longer
+    than OUTBOX_STUCK_AGE, counted from the last operator Retry or Requeue, else from creation),
+    parked, expired (the parked ones that were parked for their age), delivered_last_interval (within OUTBOX_KPI_INTERVAL) and oldest_pending_age_seconds (the
     oldest non-terminal notification's age; None when none). The global set also holds
     failures_last_interval: failed attempts within the interval, per failure class (every
     class, 0 included). ``channels``: the open or half-open channel endpoints
