@@ -29,8 +29,9 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
 
     Each figure set holds queue_depth (Pending + Retrying), stuck (non-terminal and queued longer
     than OUTBOX_STUCK_AGE, counted from the last operator Retry or Requeue, else from creation),
-    parked, expired (the parked ones that were parked for their age), delivered_last_interval (within OUTBOX_KPI_INTERVAL) and oldest_pending_age_seconds (the
-    oldest non-terminal notification's age; None when none). The global set also holds
+    parked, expired (the parked ones that were parked for their age), delivered_last_interval
+    (within OUTBOX_KPI_INTERVAL) and oldest_pending_age_seconds (the oldest non-terminal
+    notification's age; None when none). The global set also holds
     failures_last_interval: failed attempts within the interval, per failure class (every
     class, 0 included). ``channels``: the open or half-open channel endpoints
     (notifications.health.channels_unhealthy), empty when all are healthy."""
