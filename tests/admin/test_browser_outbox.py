@@ -199,3 +199,23 @@ def test_auto_refresh_updates_the_table_and_tiles_without_reloading(viewport_pag
     assert page.evaluate("() => window.outboxNotReloaded") is True
     page.reload()
     assert page.is_checked("#outbox-autorefresh")  # remembered
+
+
+def test_my_zone_button_switches_every_timestamp_to_the_browsers_zone(browser, live_server):  # noqa: F811
+    from datetime import UTC, datetime
+
+    row = make_notification(created_at=datetime(2026, 1, 15, 9, 30, 5, tzinfo=UTC))
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, timezone_id="Europe/Zurich")
+    try:
+        page = context.new_page()
+        log_in(page, live_server, make_user("olivia", groups=["Operators"]))
+        page.goto(f"{live_server.url}{OUTBOX}")
+        assert "2026-01-15 09:30:05 UTC" in page.locator("#result_list tbody").inner_text()
+        assert page.locator("#outbox-zone-local").inner_text() == "My zone (Europe/Zurich)"
+        page.click("#outbox-zone-local")
+        page.wait_for_selector("ul.messagelist li.success")
+        assert "2026-01-15 10:30:05 CET" in page.locator("#result_list tbody").inner_text()
+        page.goto(f"{live_server.url}{reverse('admin:notifications_notification_change', args=[row.pk])}")
+        assert "2026-01-15 10:30:05 CET" in page.locator("#content").inner_text()
+    finally:
+        context.close()
