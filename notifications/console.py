@@ -166,3 +166,35 @@ def retried_at(ids: list[Any]) -> datetime | None:
     ``requeued_at``."""
     found = Notification.objects.filter(pk__in=ids, requeued_at__isnull=False).aggregate(at=Max("requeued_at"))
     return found["at"]
+
+
+@dataclass(frozen=True)
+class ListNowExists:
+    """Parked rows that failed because their list did not exist, which it does now."""
+
+    list_name: str
+    cause: str
+    count: int
+
+
+def parked_for_lists_now_existing() -> list[ListNowExists]:
+    """The causes "Unknown notification list 'X'." whose list X is configured now, with their
+    Parked row counts: the outbox page offers to retry them. Reads the cause index alone."""
+    parked = Notification.objects.filter(status=Status.PARKED, last_error__startswith="Unknown notification list ")
+    if connection.vendor == "postgresql":
+        parked = parked.filter(_indexed(short=True))
+    counts = list(parked.values("last_error").annotate(count=Count("created_at")).order_by()[:GROUP_ROWS_MAX])
+    named = {}
+    for row in counts:
+        match = UNKNOWN_LIST.match(row["last_error"])
+        if match and len(row["last_error"]) < db.CAUSE_LENGTH:
+            named[row["last_error"]] = (match["name"], row["count"])
+    existing = notification_lists_by_name(names={name for name, _ in named.values()})
+    return sorted(
+        (
+            ListNowExists(list_name=name, cause=cause, count=count)
+            for cause, (name, count) in named.items()
+            if name in existing
+        ),
+        key=lambda item: (-item.count, item.list_name),
+    )

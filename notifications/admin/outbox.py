@@ -42,7 +42,7 @@ from notifications.admin.filters import (
     stuck_before,
 )
 from notifications.admin.outbox_views import OutboxConsoleViews, redrive_link
-from notifications.console import retried_at
+from notifications.console import parked_for_lists_now_existing, retried_at
 from notifications.console_time import console_time
 from notifications.email_preview import EmailPreview, email_preview_build, type_data_shorten
 from notifications.kpis import kpis_compute
@@ -416,6 +416,8 @@ class NotificationAdmin(OutboxConsoleViews, admin.ModelAdmin):
             "outbox_kpis": kpis_compute(),
             "zone_name": timezone.get_current_timezone_name(),
             "export_query": request.GET.urlencode(),
+            "lists_now_existing": parked_for_lists_now_existing(),
+            "can_retry": self.has_retry_permission(request),
             # The table gets the whole width: the collapsible app sidebar would push it past 1280 px.
             "is_nav_sidebar_enabled": False,
         }

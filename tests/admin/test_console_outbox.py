@@ -349,3 +349,20 @@ def test_grouping_and_search_are_answered_from_their_indexes(db):
         assert "notif_parked_cause_idx" in _plan(console.parked_cause_rows(UNKNOWN).order_by())
         assert "notif_search_trgm_idx" in _plan(outbox_search(Notification.objects.order_by(), "night"))
         assert "notif_requeued_idx" in _plan(Notification.objects.filter(requeued_at=timezone.now()).order_by())
+
+
+def test_the_outbox_page_offers_to_retry_rows_whose_list_exists_now(client, night_shift):
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    assert 'id="outbox-lists-ready"' not in client.get(OUTBOX).content.decode()
+    NotificationList.objects.create(name="Night-Shift")
+    content = client.get(OUTBOX).content.decode()
+    assert "3 parked notifications failed because the list “Night-Shift” did not exist; it exists now." in content
+    assert "Retry 3</button>" in content
+    response = client.post(PARKED_RETRY, {"cause": UNKNOWN})
+    assert "Retried 3 notifications." in texts(response)
+    assert 'id="outbox-lists-ready"' not in client.get(OUTBOX).content.decode()
+    client.force_login(make_user("victor", permissions=["view_notification"]))
+    NotificationList.objects.create(name="Day-Shift")
+    make_notification(status=Status.PARKED, list_name="Day-Shift", last_error="Unknown notification list 'Day-Shift'.")
+    content = client.get(OUTBOX).content.decode()
+    assert "the list “Day-Shift” did not exist" in content and "Retry 1</button>" not in content
