@@ -10,6 +10,9 @@ reports the median server time of several runs per page:
 - a subject search (a common word and a rare one)
 - the admin index dashboard (headline tiles and the 24-hour trend charts)
 - the dashboard's 7-day trend charts
+- the parked-by-cause view and one cause's rows, the list filter on a name no list has, the
+  time presets, the search by list name, error text, source instance and id prefix, and the
+  redrive view of one Retry (200 rows)
 
 Targets: each page ≤ 500 ms, search ≤ 1 s. Writes bench-results/console.json.
 
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from urllib.parse import urlencode
 
 from bench.common import bench_database_url, check, fresh_database, setup_django, write_results
 
@@ -44,7 +49,7 @@ INSERT INTO notifications_notification (
     requeued_at, expired_at, discarded_at, discarded_by, discard_reason)
 SELECT
     gen_random_uuid(), 'email',
-    (%(lists)s::text[])[1 + (i %% %(list_count)s)],
+    CASE WHEN status = 'Parked' AND i %% 7 = 0 THEN 'Night-Shift' ELSE (%(lists)s::text[])[1 + (i %% %(list_count)s)] END,
     (ARRAY['Pump','Valve','Tank','Compressor','Boiler','Conveyor','Chiller','Feeder'])[1 + floor(r4 * 8)::int]
         || ' ' || (1 + floor(r5 * 60)::int) || ' '
         || CASE WHEN i %% 20000 = 0 THEN 'overtemperature shutdown'
@@ -55,10 +60,12 @@ SELECT
     status,
     CASE status WHEN 'Parked' THEN 10 WHEN 'Retrying' THEN 1 + floor(r5 * 9)::int ELSE 0 END,
     CASE status WHEN 'Retrying' THEN 1 ELSE 0 END,
-    CASE status WHEN 'Parked' THEN 'Retries exhausted (10): 451 4.3.0 Mail server temporarily rejected message'
+    CASE WHEN status = 'Parked' AND i %% 7 = 0 THEN 'Unknown notification list ''Night-Shift''.'
+         WHEN status = 'Parked' AND i %% 7 = 1 THEN 'Notification list ''Shift leads'' has no email recipients.'
+         ELSE CASE status WHEN 'Parked' THEN 'Retries exhausted (10): 451 4.3.0 Mail server temporarily rejected message'
                 WHEN 'Retrying' THEN '421 4.7.0 Service not available, closing transmission channel'
                 WHEN 'Discarded' THEN '550 5.1.1 Recipient address rejected: mailbox unknown'
-                ELSE '' END,
+                ELSE '' END END,
     CASE status WHEN 'Delivered' THEN '[{"target": "op1@example.com", "outcome": "delivered", "smtp_code": 250}]'::jsonb
                 ELSE '[]'::jsonb END,
     'site-' || lpad(floor(%(sites)s * r3 * r3)::int::text, 2, '0'),
@@ -96,15 +103,21 @@ ORDER BY created_at  -- the table grows in ingest order: rows sit on disk in cre
 def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
     import psycopg
 
+    from notifications.db import SEARCH_TEXT_SQL
+
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT setseed(0.42)")
-        # Building the trigram index once afterwards is much faster than maintaining it per row.
+        # Building the trigram indexes once afterwards is much faster than maintaining them per row.
         conn.execute("DROP INDEX IF EXISTS notif_subject_trgm_idx")
+        conn.execute("DROP INDEX IF EXISTS notif_search_trgm_idx")
         conn.execute("SET maintenance_work_mem = '256MB'")
         conn.execute(SEED_SQL, {"rows": rows, "lists": LISTS, "list_count": len(LISTS), "sites": SITES})
         conn.execute(
             "CREATE INDEX notif_subject_trgm_idx ON notifications_notification USING gin (subject gin_trgm_ops)"
+        )
+        conn.execute(
+            f"CREATE INDEX notif_search_trgm_idx ON notifications_notification USING gin ({SEARCH_TEXT_SQL} gin_trgm_ops)"
         )
         conn.execute("VACUUM ANALYZE notifications_notification")
         counts: dict[str, int] = dict(
@@ -130,6 +143,30 @@ def configuration() -> "User":
     if created:
         user.groups.add(Group.objects.get(name="Operators"))
     return user
+
+
+NIGHT_SHIFT = "Unknown notification list 'Night-Shift'."
+
+
+def console_fixtures() -> tuple[str, str]:
+    """An existing row's 8-character id (the id search) and the instant of a Retry of 200 of
+    the Night-Shift rows (the redrive view), made once per database."""
+    from django.db.models import Max
+
+    from notifications.models import Notification
+    from notifications.operations import notification_retry
+
+    row = Notification.objects.filter(status="Delivered").only("pk").order_by("-created_at")[500]
+    at = Notification.objects.filter(list_name="Night-Shift", requeued_at__isnull=False).aggregate(
+        at=Max("requeued_at")
+    )["at"]
+    if at is None:
+        ids = list(
+            Notification.objects.filter(status="Parked", list_name="Night-Shift").values_list("pk", flat=True)[:200]
+        )
+        notification_retry(notification_ids=ids, user=None)
+        at = Notification.objects.filter(pk__in=ids).aggregate(at=Max("requeued_at"))["at"]
+    return str(row.pk)[:8], at.isoformat()
 
 
 def measure(client: "Client", url: str, runs: int) -> dict[str, Any]:
@@ -195,6 +232,7 @@ def main() -> int:
     from django.urls import reverse
 
     user = configuration()
+    id_prefix, redrive_at = console_fixtures()
     client = Client()
     client.force_login(user)
     outbox = reverse("admin:notifications_notification_changelist")
@@ -208,6 +246,19 @@ def main() -> int:
         "admin index dashboard": (reverse("admin:index"), 500),
         # The dashboard with its trend charts over 7 days (24 h is the default view above).
         "dashboard trends (7 days)": (reverse("admin:index") + "?trends=7d", 500),
+        "parked by cause (grouped view)": (reverse("admin:notifications_notification_parked"), 500),
+        "parked rows of one cause": (f"{outbox}?{urlencode({'status': 'Parked', 'cause': NIGHT_SHIFT})}", 500),
+        "list filter (a name no list has)": (f"{outbox}?list=Night-Shift", 500),
+        "time preset (last 1 h)": (f"{outbox}?created_within=1h", 500),
+        "time preset (last 7 d)": (f"{outbox}?created_within=7d", 500),
+        "search: list name": (f"{outbox}?q=night-shift", 1000),
+        "search: error text": (f"{outbox}?q=mailbox+unknown", 1000),
+        "search: source instance": (f"{outbox}?q=Instance417", 1000),
+        "search: id prefix": (f"{outbox}?q={id_prefix}", 1000),
+        "redrive view (one retry's rows)": (
+            f"{reverse('admin:notifications_notification_redrive')}?{urlencode({'at': redrive_at})}",
+            500,
+        ),
     }
     results, checks = {}, []
     for label, (url_path, target_ms) in pages.items():

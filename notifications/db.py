@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
-from django.db.models import F, Field, Func, Lookup, Model, Q, QuerySet, TextField
+from django.db.models import F, Field, Func, IntegerField, Lookup, Model, Q, QuerySet, TextField
 from django.utils import timezone
 
 ModelT = TypeVar("ModelT", bound=Model)
@@ -281,3 +281,71 @@ class TextConcat(Func):
     arg_joiner = " || "
     template = "(%(expressions)s)"
     output_field = TextField()
+
+
+# --- the console's search and parked causes ---------------------------------------------------
+
+# The columns the console's search looks in, joined by a space; on PostgreSQL a trigram index
+# on exactly this expression answers the search (migration 0012_console_outbox).
+SEARCH_COLUMNS = ("subject", "list_name", "last_error", "source_instance_id", "source_script")
+SEARCH_TEXT_SQL = "(" + " || ' ' || ".join(SEARCH_COLUMNS) + ")"
+
+# A parked row's cause: the start of its last error (the grouping key of the parked-by-cause
+# view). On PostgreSQL a partial index of Parked rows holds the last error itself (with list,
+# site and created) for errors up to CAUSE_INDEXED_BYTES, so the grouping is an index-only
+# scan (PostgreSQL does not answer an expression like left() from an index alone); the rare
+# longer errors have an index of their own (migration 0012_console_outbox).
+CAUSE_LENGTH = 200
+CAUSE_INDEXED_BYTES = 2000
+
+
+class OctetLength(Func):
+    """``octet_length(text)``: its length in bytes (PostgreSQL)."""
+
+    function = "octet_length"
+    output_field = IntegerField()
+
+
+class SearchText(Func):
+    """The searched columns joined by a space, written exactly as the trigram index's expression."""
+
+    output_field = TextField()
+
+    def __init__(self) -> None:
+        super().__init__(*(F(name) for name in SEARCH_COLUMNS))
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:  # type: ignore[override]
+        parts, params = [], []
+        for expression in self.source_expressions:
+            sql, part_params = compiler.compile(expression)
+            parts.append(sql)
+            params.extend(part_params)
+        return "(" + " || ' ' || ".join(parts) + ")", params
+
+
+class ParkedCause(Func):
+    """The first CAUSE_LENGTH characters of ``last_error``, written as the cause index's expression."""
+
+    output_field = TextField()
+
+    def __init__(self) -> None:
+        super().__init__(F("last_error"))
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:  # type: ignore[override]
+        sql, params = compiler.compile(self.source_expressions[0])
+        function = "left" if connection.vendor == "postgresql" else "substr"
+        if function == "left":
+            return f"left({sql}, {CAUSE_LENGTH})", list(params)
+        return f"substr({sql}, 1, {CAUSE_LENGTH})", list(params)
+
+
+def text_contains_ignoring_case(text: str) -> Q | ILike:
+    """A filter: the searched columns (SEARCH_COLUMNS) contain ``text``, ignoring case; on
+    PostgreSQL an ILIKE that the search trigram index answers."""
+    if connection.vendor == "postgresql":
+        escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return ILike(SearchText(), f"%{escaped}%")
+    either = Q()
+    for name in SEARCH_COLUMNS:
+        either |= Q(**{f"{name}__icontains": text})
+    return either

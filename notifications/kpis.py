@@ -27,11 +27,12 @@ COUNTS = ("queue_depth", "stuck", "parked", "expired", "delivered_last_interval"
 def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     """``{"global": {...}, "per_site": {site_id: {...}}, "channels": [...], "computed_at": iso}``.
 
-    Each figure set holds queue_depth (Pending + Retrying), stuck (non-terminal and older than
-    OUTBOX_STUCK_AGE), parked, expired (the parked ones that were parked for their age),
-    delivered_last_interval (within OUTBOX_KPI_INTERVAL), partially_delivered_last_interval (of
-    those, the ones some targets refused for good) and oldest_pending_age_seconds (the
-    oldest non-terminal notification's age; None when none). The global set also holds
+    Each figure set holds queue_depth (Pending + Retrying), stuck (non-terminal and queued longer
+    than OUTBOX_STUCK_AGE, counted from the last operator Retry or Requeue, else from creation),
+    parked, expired (the parked ones that were parked for their age), delivered_last_interval
+    (within OUTBOX_KPI_INTERVAL), partially_delivered_last_interval (of those, the ones some
+    targets refused for good) and oldest_pending_age_seconds (the oldest non-terminal
+    notification's age; None when none). The global set also holds
     failures_last_interval: failed attempts within the interval, per failure class (every
     class, 0 included). ``channels``: the open or half-open channel endpoints
     (notifications.health.channels_unhealthy), empty when all are healthy."""
@@ -47,7 +48,13 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
         .values("source_site_id")
         .annotate(
             queue_depth=Count("created_at", filter=non_terminal),
-            stuck=Count("created_at", filter=non_terminal & Q(created_at__lt=stuck_before)),
+            # Stuck counts from the last enqueue or operator Retry/Requeue (requeued_at), not creation.
+            stuck=Count(
+                "created_at",
+                filter=non_terminal
+                & Q(created_at__lt=stuck_before)
+                & (Q(requeued_at__isnull=True) | Q(requeued_at__lt=stuck_before)),
+            ),
             parked=Count("created_at", filter=Q(status=Status.PARKED)),
             expired=Count("created_at", filter=Q(status=Status.PARKED, expired_at__isnull=False)),
             delivered_last_interval=Value(0),

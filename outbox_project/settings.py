@@ -133,6 +133,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "notifications.console_time.ConsoleTimezoneMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "notifications.middleware.ContentSecurityPolicyMiddleware",
 ]
@@ -230,6 +231,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Timestamps with seconds and zone everywhere in the console (outbox_project/formats).
+FORMAT_MODULE_PATH = ["outbox_project.formats"]
 
 STATIC_URL = "static/"
 # `collectstatic` fills it; the web server creates it if missing (outbox_project/wsgi.py).

@@ -21,6 +21,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -32,13 +33,19 @@ from notifications.admin.filters import (
     CreatedRangeFilter,
     DeliveryFilter,
     ListNameFilter,
+    ParkedCauseFilter,
+    RequeuedAtFilter,
     SourceSiteFilter,
     StatusFilter,
     StuckFilter,
     TypeFilter,
+    outbox_search,
+    queued_since,
     stuck_before,
-    subject_search,
 )
+from notifications.admin.outbox_views import OutboxConsoleViews, redrive_link
+from notifications.console import parked_for_lists_now_existing, retried_at
+from notifications.console_time import console_time
 from notifications.email_preview import EmailPreview, email_preview_build, type_data_shorten
 from notifications.kpis import kpis_compute
 from notifications.models import DeliveryAttempt, Notification
@@ -134,14 +141,12 @@ STATUS_CSS: dict[str, str] = {
 
 
 @admin.register(Notification)
-class NotificationAdmin(admin.ModelAdmin):
+class NotificationAdmin(OutboxConsoleViews, admin.ModelAdmin):
     list_display = (
         "short_id",
         "status_badge",
-        "stuck_badge",
-        "type",
         "list_column",
-        "subject",
+        "subject_column",
         "site_column",
         "created_column",
         "retries_column",
@@ -156,9 +161,15 @@ class NotificationAdmin(admin.ModelAdmin):
         SourceSiteFilter,
         ListNameFilter,
         CreatedRangeFilter,
+        ParkedCauseFilter,
+        RequeuedAtFilter,
     )
     search_fields = ("subject",)
-    search_help_text = "Words in the subject (all must match), or a full notification id."
+    search_help_text = (
+        "Every word must occur in the subject, list, last error, source instance or script; "
+        "an id prefix (6+ hex digits, like the 8 in the id column) or a full id finds by id."
+    )
+    action_max_rows = ACTION_MAX_ROWS
     sortable_by = ("created_column",)  # the only order with an index behind it
     list_per_page = 100
     list_max_show_all = 1000
@@ -169,7 +180,10 @@ class NotificationAdmin(admin.ModelAdmin):
     inlines = [DeliveryAttemptInline]
 
     fieldsets = (
-        (None, {"fields": ("notification_id", "status_badge", "stuck_badge", "type", "list_name", "subject", "body")}),
+        (
+            None,
+            {"fields": ("notification_id", "status_display", "stuck_badge", "type", "list_name", "subject", "body")},
+        ),
         (
             "Delivery",
             {
@@ -217,7 +231,8 @@ class NotificationAdmin(admin.ModelAdmin):
     readonly_fields = flatten_fieldsets(fieldsets)
 
     class Media:
-        css = {"all": ["notifications/admin.css"]}
+        css = {"all": ["notifications/admin.css", "notifications/outbox.css"]}
+        js = ["notifications/outbox.js"]
 
     # Rows are an audit record: nobody adds, edits or deletes them here (docs/architecture.md).
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -244,7 +259,7 @@ class NotificationAdmin(admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
-        return subject_search(queryset, search_term), False
+        return outbox_search(queryset, search_term), False
 
     # --- columns
 
@@ -254,31 +269,44 @@ class NotificationAdmin(admin.ModelAdmin):
 
     @admin.display(description="status")
     def status_badge(self, obj: Notification) -> SafeString:
+        badge = format_html(
+            '<span class="outbox-badge outbox-status-{}">{}</span>', STATUS_CSS.get(obj.status, "other"), obj.status
+        )
+        # The list shows "stuck" beside the status (one column less).
+        return format_html("{}{}", badge, self.stuck_badge(obj))
+
+    @admin.display(description="status")
+    def status_display(self, obj: Notification) -> SafeString:
         return format_html(
             '<span class="outbox-badge outbox-status-{}">{}</span>', STATUS_CSS.get(obj.status, "other"), obj.status
         )
 
     @admin.display(description="stuck")
     def stuck_badge(self, obj: Notification) -> str:
-        # Computed from the row itself: no query per row.
-        if obj.status in Notification.NON_TERMINAL and obj.created_at < stuck_before():
+        # Computed from the row itself: no query per row. Counts from the last enqueue or
+        # operator Retry/Requeue, not from creation.
+        if obj.status in Notification.NON_TERMINAL and queued_since(obj) < stuck_before():
             return format_html(
-                '<span class="outbox-badge outbox-stuck" title="{}">stuck</span>',
-                "Queued longer than the stuck-age threshold",
+                ' <span class="outbox-badge outbox-stuck" title="{}">stuck</span>',
+                "Queued longer than the stuck-age threshold (counted from the last enqueue or retry)",
             )
         return ""
 
     @admin.display(description="list")
     def list_column(self, obj: Notification) -> str:
-        return obj.list_name
+        return clipped(obj.list_name, 18)
+
+    @admin.display(description="subject")
+    def subject_column(self, obj: Notification) -> str:
+        return clipped(obj.subject, 30)
 
     @admin.display(description="site")
     def site_column(self, obj: Notification) -> str:
-        return obj.source_site_id
+        return clipped(obj.source_site_id, 12)
 
-    @admin.display(description="created (UTC)", ordering="created_at")
+    @admin.display(description="created", ordering="created_at")
     def created_column(self, obj: Notification) -> SafeString:
-        return format_html('<span class="outbox-nowrap">{}</span>', f"{obj.created_at:%Y-%m-%d %H:%M:%S}")
+        return time_html(obj.created_at)
 
     @admin.display(description="retries")
     def retries_column(self, obj: Notification) -> int:
@@ -286,10 +314,7 @@ class NotificationAdmin(admin.ModelAdmin):
 
     @admin.display(description="last error")
     def last_error_excerpt(self, obj: Notification) -> str:
-        text = " ".join(obj.last_error.split())
-        if len(text) <= 60:
-            return text
-        return format_html('<span title="{}">{}…</span>', text[:1000], text[:60])
+        return clipped(" ".join(obj.last_error.split()), 24, limit=2000)
 
     # --- detail fields
 
@@ -382,9 +407,7 @@ class NotificationAdmin(admin.ModelAdmin):
     def claim_display(self, obj: Notification) -> str:
         if not obj.claimed_by:
             return "—"
-        return (
-            f"{obj.claimed_by} until {obj.claimed_until:%Y-%m-%d %H:%M:%S} UTC" if obj.claimed_until else obj.claimed_by
-        )
+        return f"{obj.claimed_by} until {console_time(obj.claimed_until)}" if obj.claimed_until else obj.claimed_by
 
     @admin.display(description="source site")
     def source_site_display(self, obj: Notification) -> str:
@@ -397,7 +420,16 @@ class NotificationAdmin(admin.ModelAdmin):
     # --- page context
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        extra_context = {**(extra_context or {}), "outbox_kpis": kpis_compute()}
+        extra_context = {
+            **(extra_context or {}),
+            "outbox_kpis": kpis_compute(),
+            "zone_name": timezone.get_current_timezone_name(),
+            "export_query": request.GET.urlencode(),
+            "lists_now_existing": parked_for_lists_now_existing(),
+            "can_retry": self.has_retry_permission(request),
+            # The table gets the whole width: the collapsible app sidebar would push it past 1280 px.
+            "is_nav_sidebar_enabled": False,
+        }
         return super().changelist_view(request, extra_context)
 
     def change_view(
@@ -416,6 +448,14 @@ class NotificationAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name
+        pages = {
+            "parked": self.parked_groups_view,
+            "parked/retry": self.parked_retry_view,
+            "parked/discard": self.parked_discard_view,
+            "redrive": self.redrive_view,
+            "export": self.export_view,
+            "timezone": self.timezone_view,
+        }
         views = {
             "retry": self.retry_view,
             "retry-now": self.retry_now_view,
@@ -423,6 +463,12 @@ class NotificationAdmin(admin.ModelAdmin):
             "requeue": self.requeue_view,
         }
         return [
+            *(
+                path(
+                    f"{page}/", self.admin_site.admin_view(view), name="{}_{}_{}".format(*info, page.replace("/", "_"))
+                )
+                for page, view in pages.items()
+            ),
             *(
                 path(
                     f"<path:object_id>/{action}/",
@@ -462,6 +508,9 @@ class NotificationAdmin(admin.ModelAdmin):
         if ids is not None:
             result = notification_retry(notification_ids=ids, user=request.user)
             self._report(request, "Retried", result, not_applicable="not Parked")
+            at = retried_at(ids) if result.changed else None
+            if at is not None:
+                self.message_user(request, redrive_link(at), messages.INFO)
 
     @admin.action(description="Retry selected retrying notifications now", permissions=["retry"])
     def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[Notification]) -> None:
@@ -483,6 +532,9 @@ class NotificationAdmin(admin.ModelAdmin):
         if ids is not None:
             result = notification_requeue(notification_ids=ids, user=request.user)
             self._report(request, "Requeued", result, not_applicable="not Discarded")
+            at = retried_at(ids) if result.changed else None
+            if at is not None:
+                self.message_user(request, redrive_link(at), messages.INFO)
 
     def _discard(
         self, request: HttpRequest, ids: list[Any], *, single: Notification | None = None
@@ -582,6 +634,28 @@ class DiscardForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Required: kept with the notification, with your name and the time.",
     )
+
+
+def clipped(text: str, fits: int, *, limit: int = 1000) -> str:
+    """``text`` on one line of a table cell. Longer than ``fits`` characters, it is a
+    <details> whose summary is cut with an ellipsis and which opens (click, tap, Enter or Space)
+    to the full text (up to ``limit`` characters), so it never needs a mouse hover."""
+    if len(text) <= fits:
+        return format_html('<span class="outbox-nowrap">{}</span>', text)
+    shown = text[:limit] + ("…" if len(text) > limit else "")
+    return format_html(
+        '<details class="outbox-clip"><summary title="Show the full text">{}</summary>'
+        '<div class="outbox-clip-full">{}</div></details>',
+        text,
+        shown,
+    )
+
+
+def time_html(value: Any) -> SafeString:
+    """A timestamp as every console page shows it: seconds and zone, in the chosen zone."""
+    if value is None:
+        return format_html("{}", "—")
+    return format_html('<time class="outbox-nowrap" datetime="{}">{}</time>', value.isoformat(), console_time(value))
 
 
 def _cell(value: object) -> str:

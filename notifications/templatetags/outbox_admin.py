@@ -1,11 +1,15 @@
 """Template helpers for the operations console (KPI tiles on the outbox page and dashboard)."""
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from django import template
 from django.conf import settings
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
+from notifications.console_time import console_time
 from notifications.kpis import kpis_compute
 
 register = template.Library()
@@ -64,8 +68,17 @@ def nonzero_items(mapping: Mapping[Any, Any] | None) -> list[tuple[Any, Any]]:
 
 @register.filter
 def iso_utc(value: object) -> str:
-    """ "2026-11-23T08:09:41.293676Z" → "2026-11-23 08:09:41 UTC"."""
+    """ "2026-11-23T08:09:41.293676Z" (or a datetime) → "2026-11-23 08:09:41 UTC", in the
+    console's zone (UTC unless the operator chose theirs)."""
+    if isinstance(value, datetime):
+        return console_time(value)
     text = str(value or "")
+    try:
+        moment = parse_datetime(text)
+    except ValueError:
+        moment = None
+    if moment is not None and timezone.is_aware(moment):
+        return console_time(moment)
     return f"{text[:10]} {text[11:19]} UTC" if len(text) >= 19 else text
 
 
@@ -112,3 +125,9 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
         "more_sites": max(0, len(trends.by_site) - 20),
         "by_channel": [(channel, sparks(series)) for channel, series in trends.by_channel.items()],
     }
+
+
+@register.filter(name="console_time")
+def console_time_filter(value: datetime | None) -> str:
+    """A timestamp as every console page shows it: seconds and zone."""
+    return console_time(value)

@@ -1,0 +1,200 @@
+"""The outbox page's read models beyond the list: Parked rows grouped by cause, and the
+progress of one bulk Retry (a redrive). Both read small slices through indexes made for them
+(migration 0012_console_outbox), never the delivered history.
+
+A *cause* is the first ``db.CAUSE_LENGTH`` characters of a Parked row's last error: rows that
+failed the same way ("Unknown notification list 'Night-Shift'.") share it.
+"""
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, F, Max, Min, Q, QuerySet
+from django.db.models.lookups import Exact, GreaterThan, LessThanOrEqual
+
+from notifications import db
+from notifications.list_names import notification_lists_by_name
+from notifications.models import Notification
+
+Status = Notification.Status
+
+# The dispatcher's words for a row naming no configured list (notifications.dispatch._plan).
+UNKNOWN_LIST = re.compile(r"^Unknown notification list (['\"])(?P<name>.*)\1\.")
+
+# Distinct (cause, list, site) combinations read at most; beyond, the view says it is partial.
+GROUP_ROWS_MAX = 5000
+
+
+@dataclass
+class ParkedGroup:
+    """The Parked rows sharing one cause."""
+
+    cause: str
+    count: int = 0
+    sites: dict[str, int] = field(default_factory=dict)
+    lists: dict[str, int] = field(default_factory=dict)
+    first_seen: datetime | None = None
+    last_seen: datetime | None = None
+    # Lists this group's rows name that are not configured (a "create the list" link each).
+    missing_lists: list[str] = field(default_factory=list)
+    # The cause says "unknown list X" and X is configured now: Retry should deliver them.
+    list_now_exists: str | None = None
+
+    @property
+    def key(self) -> str:
+        """A short stable handle of the cause (for element ids and links)."""
+        return cause_key(self.cause)
+
+
+def cause_key(cause: str) -> str:
+    return hashlib.sha256(cause.encode()).hexdigest()[:12]
+
+
+def _indexed(short: bool) -> Any:
+    """The condition of the cause index (short errors) or of the long-error index."""
+    length = db.OctetLength(F("last_error"))
+    return LessThanOrEqual(length, db.CAUSE_INDEXED_BYTES) if short else GreaterThan(length, db.CAUSE_INDEXED_BYTES)
+
+
+def cause_q(cause: str) -> Q:
+    """Parked rows whose cause is ``cause``. A cause shorter than CAUSE_LENGTH is a whole error:
+    compared with the last error itself, which the cause index answers on PostgreSQL."""
+    if len(cause) < db.CAUSE_LENGTH:
+        condition = Q(status=Status.PARKED, last_error=cause)
+        if connection.vendor == "postgresql" and len(cause.encode()) <= db.CAUSE_INDEXED_BYTES:
+            condition &= Q(_indexed(short=True))
+        return condition
+    return Q(status=Status.PARKED) & Q(Exact(db.ParkedCause(), cause))
+
+
+def parked_cause_rows(cause: str) -> QuerySet[Notification]:
+    """The Parked rows whose cause is ``cause``."""
+    return Notification.objects.filter(cause_q(cause))
+
+
+def parked_groups() -> tuple[list[ParkedGroup], bool]:
+    """Parked rows grouped by cause, largest group first, and whether the grouping is partial
+    (more than GROUP_ROWS_MAX cause/list/site combinations). On PostgreSQL two statements, for
+    the errors the cause index holds (an index-only scan) and the rare longer ones."""
+    parked = Notification.objects.filter(status=Status.PARKED)
+    parts = [parked.filter(_indexed(short=True)), parked.filter(_indexed(short=False))]
+    if connection.vendor != "postgresql":
+        parts = [parked]
+    combos = [
+        combo
+        for part in parts
+        for combo in part.annotate(cause=db.ParkedCause())
+        .values("cause", "list_name", "source_site_id")
+        .annotate(count=Count("created_at"), first=Min("created_at"), last=Max("created_at"))
+        .order_by()[: GROUP_ROWS_MAX + 1]
+    ]
+    partial = len(combos) > GROUP_ROWS_MAX
+    groups: dict[str, ParkedGroup] = {}
+    for combo in combos[:GROUP_ROWS_MAX]:
+        group = groups.setdefault(combo["cause"], ParkedGroup(cause=combo["cause"]))
+        group.count += combo["count"]
+        group.sites[combo["source_site_id"]] = group.sites.get(combo["source_site_id"], 0) + combo["count"]
+        group.lists[combo["list_name"]] = group.lists.get(combo["list_name"], 0) + combo["count"]
+        group.first_seen = _pick(min, group.first_seen, combo["first"])
+        group.last_seen = _pick(max, group.last_seen, combo["last"])
+    names = {name for group in groups.values() for name in group.lists}
+    configured = notification_lists_by_name(names=names)
+    for group in groups.values():
+        group.missing_lists = sorted(name for name in group.lists if name not in configured)
+        match = UNKNOWN_LIST.match(group.cause)
+        if match and match["name"] in notification_lists_by_name(names={match["name"]}):
+            group.list_now_exists = match["name"]
+        group.sites = dict(sorted(group.sites.items(), key=lambda item: (-item[1], item[0])))
+        group.lists = dict(sorted(group.lists.items(), key=lambda item: (-item[1], item[0])))
+    ordered = sorted(groups.values(), key=lambda group: (-group.count, group.cause))
+    return ordered, partial
+
+
+def _pick(choose: Any, current: datetime | None, new: datetime | None) -> datetime | None:
+    values = [value for value in (current, new) if value is not None]
+    return choose(values) if values else None
+
+
+@dataclass(frozen=True)
+class RedriveProgress:
+    """Where the rows of one bulk Retry (sharing its ``requeued_at``) are now."""
+
+    at: datetime
+    waiting: int  # Pending or Retrying
+    delivered: int
+    parked: int
+    discarded: int
+
+    @property
+    def total(self) -> int:
+        return self.waiting + self.delivered + self.parked + self.discarded
+
+    @property
+    def finished(self) -> int:
+        return self.total - self.waiting
+
+    @property
+    def done(self) -> bool:
+        return self.total > 0 and self.waiting == 0
+
+
+def redrive_progress(at: datetime) -> RedriveProgress:
+    """The counts by status of the rows retried or requeued at ``at`` (one action's instant:
+    every row one Retry changes gets the same ``requeued_at``), from the requeued_at index."""
+    counts = dict(
+        Notification.objects.filter(requeued_at=at)
+        .values("status")
+        .annotate(count=Count("requeued_at"))
+        .order_by()
+        .values_list("status", "count")
+    )
+    return RedriveProgress(
+        at=at,
+        waiting=counts.get(Status.PENDING, 0) + counts.get(Status.RETRYING, 0),
+        delivered=counts.get(Status.DELIVERED, 0),
+        parked=counts.get(Status.PARKED, 0),
+        discarded=counts.get(Status.DISCARDED, 0),
+    )
+
+
+def retried_at(ids: list[Any]) -> datetime | None:
+    """The instant of the Retry (or Requeue) that just changed some of ``ids``: their latest
+    ``requeued_at``."""
+    found = Notification.objects.filter(pk__in=ids, requeued_at__isnull=False).aggregate(at=Max("requeued_at"))
+    return found["at"]
+
+
+@dataclass(frozen=True)
+class ListNowExists:
+    """Parked rows that failed because their list did not exist, which it does now."""
+
+    list_name: str
+    cause: str
+    count: int
+
+
+def parked_for_lists_now_existing() -> list[ListNowExists]:
+    """The causes "Unknown notification list 'X'." whose list X is configured now, with their
+    Parked row counts: the outbox page offers to retry them. Reads the cause index alone."""
+    parked = Notification.objects.filter(status=Status.PARKED, last_error__startswith="Unknown notification list ")
+    if connection.vendor == "postgresql":
+        parked = parked.filter(_indexed(short=True))
+    counts = list(parked.values("last_error").annotate(count=Count("created_at")).order_by()[:GROUP_ROWS_MAX])
+    named = {}
+    for row in counts:
+        match = UNKNOWN_LIST.match(row["last_error"])
+        if match and len(row["last_error"]) < db.CAUSE_LENGTH:
+            named[row["last_error"]] = (match["name"], row["count"])
+    existing = notification_lists_by_name(names={name for name, _ in named.values()})
+    return sorted(
+        (
+            ListNowExists(list_name=name, cause=cause, count=count)
+            for cause, (name, count) in named.items()
+            if name in existing
+        ),
+        key=lambda item: (-item.count, item.list_name),
+    )
