@@ -10,29 +10,10 @@ load → refused (configuration).
 
 import apprise
 
-from notifications.adapters.base import Adapter, FailureClass
-from notifications.adapters.http import TargetOutcome, TargetsSession
-from notifications.adapters.teams import channel_timeout
-from notifications.backoff import RetryTiming
-from notifications.channel_targets import Target, targets_resolve
+from notifications.adapters.base import FailureClass
+from notifications.adapters.http import TargetOutcome, TargetsAdapter, TargetsSession
+from notifications.channel_targets import Target
 from notifications.models import Notification
-
-
-class AppriseAdapter(Adapter):
-    channel = "apprise"
-
-    def default_timing(self) -> RetryTiming:
-        return RetryTiming(strategy="exponential", interval_seconds=30, max_interval_seconds=3600, max_attempts=10)
-
-    def endpoint(self) -> str | None:
-        # One breaker for all of the channel's services (see docs/channels.md).
-        return self.channel
-
-    def resolve_targets(self, *, list_names: set[str]) -> dict[str, list[str]]:
-        return targets_resolve(channel=self.channel, list_names=list_names)
-
-    def open_session(self) -> "AppriseSession":
-        return AppriseSession(timeout=channel_timeout(self.channel))
 
 
 class AppriseSession(TargetsSession):
@@ -63,3 +44,8 @@ class AppriseSession(TargetsSession):
             "The service refused or failed the notification (see the worker log).",
             FailureClass.PROVIDER_ERROR,
         )
+
+
+class AppriseAdapter(TargetsAdapter):
+    channel = "apprise"
+    session_class = AppriseSession

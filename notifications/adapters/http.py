@@ -23,9 +23,10 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from notifications.adapters.base import DeliveryError, DeliveryResult, FailureClass, Session
-from notifications.channel_targets import Target
-from notifications.models import Notification
+from notifications.adapters.base import Adapter, DeliveryError, DeliveryResult, FailureClass, Session
+from notifications.backoff import RetryTiming
+from notifications.channel_targets import Target, targets_resolve
+from notifications.models import ChannelConfiguration, Notification
 
 # Longest Retry-After honoured: a receiver asking for more is retried at this delay (its
 # channel's policy and breaker still apply).
@@ -122,6 +123,34 @@ class HttpClient:
 
     def close(self) -> None:
         self._client.close()
+
+
+def channel_timeout(channel: str) -> int:
+    """The channel's configured request timeout in seconds, or the default."""
+    config = ChannelConfiguration.objects.filter(channel=channel).first()
+    return config.timeout_seconds if config is not None else ChannelConfiguration.DEFAULT_TIMEOUT_SECONDS
+
+
+class TargetsAdapter(Adapter):
+    """An adapter whose lists hold targets of its own channel (every channel beyond email):
+    exponential retries by default, the list's targets resolved by notifications.channel_targets,
+    and a ``session_class`` session with the channel's timeout. One breaker serves the whole
+    channel (``endpoint``; see docs/channels.md)."""
+
+    channel = ""
+    session_class: type["TargetsSession"]
+
+    def default_timing(self) -> RetryTiming:
+        return RetryTiming(strategy="exponential", interval_seconds=30, max_interval_seconds=3600, max_attempts=10)
+
+    def endpoint(self) -> str | None:
+        return self.channel
+
+    def resolve_targets(self, *, list_names: set[str]) -> dict[str, list[str]]:
+        return targets_resolve(channel=self.channel, list_names=list_names)
+
+    def open_session(self) -> "TargetsSession":
+        return self.session_class(timeout=channel_timeout(self.channel))
 
 
 class TargetsSession(Session):

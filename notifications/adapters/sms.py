@@ -17,10 +17,9 @@ import httpx
 from django.conf import settings
 from django.urls import reverse
 
-from notifications.adapters.base import Adapter, DeliveryError, DeliveryResult, FailureClass
-from notifications.adapters.http import TargetOutcome, TargetsSession, http_exception, http_failure
-from notifications.backoff import RetryTiming
-from notifications.channel_targets import Target, targets_resolve
+from notifications.adapters.base import DeliveryError, DeliveryResult, FailureClass
+from notifications.adapters.http import TargetOutcome, TargetsAdapter, TargetsSession, http_exception, http_failure
+from notifications.channel_targets import Target
 from notifications.models import ChannelConfiguration, Notification
 from notifications.secrets import SecretDecryptionError
 
@@ -118,18 +117,12 @@ def twilio_failure(response: httpx.Response) -> TargetOutcome:
     return outcome
 
 
-class SmsAdapter(Adapter):
+class SmsAdapter(TargetsAdapter):
     channel = "sms"
-
-    def default_timing(self) -> RetryTiming:
-        return RetryTiming(strategy="exponential", interval_seconds=30, max_interval_seconds=3600, max_attempts=10)
 
     def endpoint(self) -> str | None:
         api_base = ChannelConfiguration.objects.filter(channel=self.channel).values_list("api_base", flat=True).first()
         return api_base or None
-
-    def resolve_targets(self, *, list_names: set[str]) -> dict[str, list[str]]:
-        return targets_resolve(channel=self.channel, list_names=list_names)
 
     def open_session(self) -> "SmsSession":
         try:

@@ -11,11 +11,9 @@ import httpx
 from django.conf import settings
 from django.urls import reverse
 
-from notifications.adapters.base import Adapter
-from notifications.adapters.http import TargetOutcome, TargetsSession, http_exception, http_failure
-from notifications.backoff import RetryTiming
-from notifications.channel_targets import Target, targets_resolve
-from notifications.models import ChannelConfiguration, Notification
+from notifications.adapters.http import TargetOutcome, TargetsAdapter, TargetsSession, http_exception, http_failure
+from notifications.channel_targets import Target
+from notifications.models import Notification
 
 CARD_CONTENT_TYPE = "application/vnd.microsoft.card.adaptive"
 
@@ -74,28 +72,6 @@ def teams_card(notification: Notification) -> dict[str, Any]:
     }
 
 
-def channel_timeout(channel: str) -> int:
-    config = ChannelConfiguration.objects.filter(channel=channel).first()
-    return config.timeout_seconds if config is not None else ChannelConfiguration.DEFAULT_TIMEOUT_SECONDS
-
-
-class TeamsAdapter(Adapter):
-    channel = "teams"
-
-    def default_timing(self) -> RetryTiming:
-        return RetryTiming(strategy="exponential", interval_seconds=30, max_interval_seconds=3600, max_attempts=10)
-
-    def endpoint(self) -> str | None:
-        # One breaker for all of the channel's receivers (see docs/channels.md).
-        return self.channel
-
-    def resolve_targets(self, *, list_names: set[str]) -> dict[str, list[str]]:
-        return targets_resolve(channel=self.channel, list_names=list_names)
-
-    def open_session(self) -> "TeamsSession":
-        return TeamsSession(timeout=channel_timeout(self.channel))
-
-
 class TeamsSession(TargetsSession):
     channel = "teams"
 
@@ -107,3 +83,8 @@ class TeamsSession(TargetsSession):
         if response.is_success:
             return TargetOutcome("delivered", f"HTTP {response.status_code}", http_status=response.status_code)
         return http_failure(response)
+
+
+class TeamsAdapter(TargetsAdapter):
+    channel = "teams"
+    session_class = TeamsSession

@@ -14,11 +14,8 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook
 
-from notifications.adapters.base import Adapter
-from notifications.adapters.http import TargetOutcome, TargetsSession, http_exception, http_failure
-from notifications.adapters.teams import channel_timeout
-from notifications.backoff import RetryTiming
-from notifications.channel_targets import Target, targets_resolve
+from notifications.adapters.http import TargetOutcome, TargetsAdapter, TargetsSession, http_exception, http_failure
+from notifications.channel_targets import Target
 from notifications.models import Notification
 
 
@@ -52,23 +49,6 @@ def webhook_signed(
     return body.encode(), headers
 
 
-class WebhookAdapter(Adapter):
-    channel = "webhook"
-
-    def default_timing(self) -> RetryTiming:
-        return RetryTiming(strategy="exponential", interval_seconds=30, max_interval_seconds=3600, max_attempts=10)
-
-    def endpoint(self) -> str | None:
-        # One breaker for all of the channel's receivers (see docs/channels.md).
-        return self.channel
-
-    def resolve_targets(self, *, list_names: set[str]) -> dict[str, list[str]]:
-        return targets_resolve(channel=self.channel, list_names=list_names)
-
-    def open_session(self) -> "WebhookSession":
-        return WebhookSession(timeout=channel_timeout(self.channel))
-
-
 class WebhookSession(TargetsSession):
     channel = "webhook"
 
@@ -81,3 +61,8 @@ class WebhookSession(TargetsSession):
         if response.is_success:
             return TargetOutcome("delivered", f"HTTP {response.status_code}", http_status=response.status_code)
         return http_failure(response)
+
+
+class WebhookAdapter(TargetsAdapter):
+    channel = "webhook"
+    session_class = WebhookSession
