@@ -38,9 +38,7 @@ def _name(common_name):
 
 
 def _write_key(path, key):
-    path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+    path.write_bytes(_pem_key(key))
 
 
 def _ca(common_name):
@@ -113,19 +111,41 @@ def _leaf(ca_certificate, ca_key, common_name, usage, sans=()):
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def make_pki(directory):
-    """Write a CA, a server certificate (127.0.0.1, localhost) and a client certificate into
-    ``directory``; return their paths."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    ca_certificate, ca_key = _ca("Outbox Test Private CA")
-    server, server_key = _leaf(
+def _pem_key(key):
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _server(ca_certificate, ca_key):
+    return _leaf(
         ca_certificate,
         ca_key,
         "central.test",
         ExtendedKeyUsageOID.SERVER_AUTH,
         sans=(x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")),
     )
+
+
+def ca_and_server_pem():
+    """A CA certificate, and a server certificate for 127.0.0.1 and localhost it signed, with
+    the server's key: ``(ca, certificate, key)`` as PEM bytes, for servers configured in memory."""
+    ca_certificate, ca_key = _ca("Outbox Test Private CA")
+    server, server_key = _server(ca_certificate, ca_key)
+    return (
+        ca_certificate.public_bytes(serialization.Encoding.PEM),
+        server.public_bytes(serialization.Encoding.PEM),
+        _pem_key(server_key),
+    )
+
+
+def make_pki(directory):
+    """Write a CA, a server certificate (127.0.0.1, localhost) and a client certificate into
+    ``directory``; return their paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_certificate, ca_key = _ca("Outbox Test Private CA")
+    server, server_key = _server(ca_certificate, ca_key)
     client, client_key = _leaf(ca_certificate, ca_key, "plant-a", ExtendedKeyUsageOID.CLIENT_AUTH)
     other_ca, _ = _ca("Some Other CA")
     pki = Pki(
