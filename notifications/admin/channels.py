@@ -24,7 +24,34 @@ def _field_check(form: forms.ModelForm, name: str, problem: str | None) -> None:
         form.add_error(name, problem)
 
 
-class TeamsTargetForm(forms.ModelForm):
+class WriteOnlyUrlForm(forms.ModelForm):
+    """A target whose URL is a secret (it carries a signature or credentials): never shown,
+    kept when left blank, checked by ``url_problem`` when given."""
+
+    required_message = "A URL is required."
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial["url"] = ""
+
+    def url_problem(self, url: str) -> str | None:
+        raise NotImplementedError
+
+    def clean_url(self) -> str:
+        url = (self.cleaned_data.get("url") or "").strip()
+        if not url:
+            model = self._meta.model
+            stored = model.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+            if stored is None:
+                raise forms.ValidationError(self.required_message)
+            return str(stored.url)
+        problem = self.url_problem(url)
+        if problem:
+            raise forms.ValidationError(problem)
+        return url
+
+
+class TeamsTargetForm(WriteOnlyUrlForm):
     url = forms.CharField(
         required=False,
         max_length=2000,
@@ -32,26 +59,14 @@ class TeamsTargetForm(forms.ModelForm):
         widget=forms.PasswordInput(render_value=False, attrs={"size": 60, "autocomplete": "off"}),
         help_text="Write-only (its query carries the workflow's signature). Leave blank to keep the stored URL.",
     )
+    required_message = "A Workflows URL is required."
 
     class Meta:
         model = TeamsTarget
         fields = ("url",)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.initial["url"] = ""
-
-    def clean_url(self) -> str:
-        url = (self.cleaned_data.get("url") or "").strip()
-        if not url:
-            stored = TeamsTarget.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
-            if stored is None:
-                raise forms.ValidationError("A Workflows URL is required.")
-            return stored.url
-        problem = http_url_problem(url, what="The Workflows URL")
-        if problem:
-            raise forms.ValidationError(problem)
-        return url
+    def url_problem(self, url: str) -> str | None:
+        return http_url_problem(url, what="The Workflows URL")
 
 
 class TeamsTargetInline(admin.TabularInline):
@@ -131,33 +146,21 @@ class SmsTargetInline(admin.TabularInline):
     verbose_name_plural = "SMS targets (E.164 phone numbers)"
 
 
-class AppriseTargetForm(forms.ModelForm):
+class AppriseTargetForm(WriteOnlyUrlForm):
     url = forms.CharField(
         required=False,
         label="Apprise URL",
         widget=forms.PasswordInput(render_value=False, attrs={"size": 60, "autocomplete": "off"}),
         help_text="Write-only (it usually holds the service's credentials). Leave blank to keep the stored URL.",
     )
+    required_message = "An Apprise URL is required."
 
     class Meta:
         model = AppriseTarget
         fields = ("url",)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.initial["url"] = ""
-
-    def clean_url(self) -> str:
-        url = (self.cleaned_data.get("url") or "").strip()
-        if not url:
-            stored = AppriseTarget.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
-            if stored is None:
-                raise forms.ValidationError("An Apprise URL is required.")
-            return stored.url
-        problem = apprise_url_problem(url)
-        if problem:
-            raise forms.ValidationError(problem)
-        return url
+    def url_problem(self, url: str) -> str | None:
+        return apprise_url_problem(url)
 
 
 class AppriseTargetInline(admin.TabularInline):
