@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import check, fresh_database, percentile, setup_django, write_results
+from bench.common import check, dispatchers_run, fresh_database, percentile, setup_django, write_results
 from tests.support.processes import Central, SmtpSink, manage, manage_output, stop
 
 RECIPIENTS = ["op1@bench.invalid", "op2@bench.invalid"]
@@ -176,23 +176,7 @@ def dispatch_throughput(
     ids = ingest_backlog(count, type_data)
     per_process = max(1, concurrency // processes)
     started = time.perf_counter()
-    workers = [
-        manage(
-            "dispatch",
-            "--once",
-            "-v0",
-            "--concurrency",
-            str(per_process),
-            "--batch-size",
-            str(batch_size),
-            database=url,
-            stdout=None,
-            stderr=None,
-        )
-        for _ in range(processes)
-    ]
-    for worker in workers:
-        worker.wait()
+    dispatchers_run(url=url, processes=processes, concurrency=per_process, batch_size=batch_size)
     seconds = time.perf_counter() - started
     received = sink.stop()
     counts = Counter(received)

@@ -24,9 +24,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_dispatch import configure, ingest_backlog
-from bench.common import check, fresh_database, setup_django, write_results
+from bench.common import check, dispatchers_run, fresh_database, setup_django, write_results
 from tests.support.db import drop_postgres_database
-from tests.support.processes import SmtpSink, manage
+from tests.support.processes import SmtpSink
 
 DELAY_SECONDS = 0.05
 
@@ -78,22 +78,7 @@ def run(url: str, *, processes: int, concurrency: int, seconds: float, batch_siz
     configure(sink.port)
     ids = ingest_backlog(count)
     started = time.perf_counter()
-    workers = [
-        manage(
-            "dispatch",
-            "--once",
-            "-v0",
-            "--concurrency",
-            str(concurrency),
-            "--batch-size",
-            str(batch_size),
-            database=url,
-            stdout=None,
-            stderr=None,
-        )
-        for _ in range(processes)
-    ]
-    codes = [worker.wait() for worker in workers]
+    codes = dispatchers_run(url=url, processes=processes, concurrency=concurrency, batch_size=batch_size)
     wall = time.perf_counter() - started
     received = sink.stop()
     counts = Counter(received)

@@ -28,8 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import check, fresh_database, setup_django, write_results
-from tests.support.processes import SmtpSink, manage
+from bench.common import check, dispatchers_run, fresh_database, setup_django, write_results
+from tests.support.processes import SmtpSink
 
 BODY = "Pump 3 tripped on overcurrent at 10:00; operator attention required."
 SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
@@ -110,23 +110,7 @@ def dispatch_throughput(url: str, count: int, concurrency: int, processes: int, 
     ids = ingest_backlog(count)
     per_process = max(1, concurrency // processes)
     started = time.perf_counter()
-    workers = [
-        manage(
-            "dispatch",
-            "--once",
-            "-v0",
-            "--concurrency",
-            str(per_process),
-            "--batch-size",
-            str(batch_size),
-            database=url,
-            stdout=None,
-            stderr=None,
-        )
-        for _ in range(processes)
-    ]
-    for worker in workers:
-        worker.wait()
+    dispatchers_run(url=url, processes=processes, concurrency=per_process, batch_size=batch_size)
     seconds = time.perf_counter() - started
     received = sink.stop()
     counts = Counter(received)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.db import fresh_postgres_database
-from tests.support.processes import ROOT, manage_output
+from tests.support.processes import ROOT, manage, manage_output
 
 RESULTS = ROOT / "bench-results"
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/outbox_bench"
@@ -86,3 +86,25 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
         return float("nan")
     index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
     return sorted_values[index]
+
+
+def dispatchers_run(*, url: str, processes: int, concurrency: int, batch_size: int) -> list[int]:
+    """Run ``processes`` dispatcher processes (``manage.py dispatch --once``, ``concurrency``
+    threads each) on the database at ``url`` until each has drained what is due; their exit
+    codes."""
+    workers = [
+        manage(
+            "dispatch",
+            "--once",
+            "-v0",
+            "--concurrency",
+            str(concurrency),
+            "--batch-size",
+            str(batch_size),
+            database=url,
+            stdout=None,
+            stderr=None,
+        )
+        for _ in range(processes)
+    ]
+    return [worker.wait() for worker in workers]
