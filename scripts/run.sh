@@ -19,6 +19,12 @@ $PY manage.py collectstatic --noinput -v0
 
 echo "==> Loading the demo configuration (demo/config.json)"
 $PY manage.py outbox_config import demo/config.json
+if [ "$SMTP_PORT" != 2525 ]; then
+  # The demo configuration names the catcher's default port; follow SMTP_PORT instead.
+  $PY manage.py shell -v 0 -c "
+from notifications.models import SmtpConfiguration
+SmtpConfiguration.objects.filter(host='127.0.0.1').update(port=$SMTP_PORT)"
+fi
 
 KEYFILE=var/demo-site-key
 if [ -s "$KEYFILE" ] && $PY manage.py shell -v 0 -c "
