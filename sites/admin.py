@@ -343,8 +343,29 @@ class DiscardAtSiteForm(forms.Form):
     )
 
 
+class SiteRecordAdmin(admin.ModelAdmin):
+    """A record kept for a site's notification (a report from the site, a command to it):
+    read-only in the console (operators act only through commands), found by a full
+    notification id or the admin's search fields."""
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        try:
+            return queryset.filter(notification_id=uuid.UUID(search_term.strip())), False
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(SiteParkedNotification)
-class SiteParkedNotificationAdmin(admin.ModelAdmin):
+class SiteParkedNotificationAdmin(SiteRecordAdmin):
     list_display = (
         "short_id",
         "site",
@@ -401,22 +422,6 @@ class SiteParkedNotificationAdmin(admin.ModelAdmin):
                 ),
             )
         )
-
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
-        try:
-            return queryset.filter(notification_id=uuid.UUID(search_term.strip())), False
-        except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-
-    # A report from the site is the record; operators act on it only through commands.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("sites.retry_siteparkednotification")
@@ -563,7 +568,7 @@ MAX_ACTION_ROWS = 10_000
 
 
 @admin.register(SiteCommand)
-class SiteCommandAdmin(admin.ModelAdmin):
+class SiteCommandAdmin(SiteRecordAdmin):
     """The history of commands sent to sites' agents. Read-only: commands are issued from
     "Parked at sites"."""
 
@@ -599,21 +604,6 @@ class SiteCommandAdmin(admin.ModelAdmin):
 
     class Media:
         css = {"all": ["notifications/admin.css"]}
-
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
-        try:
-            return queryset.filter(notification_id=uuid.UUID(search_term.strip())), False
-        except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, command: SiteCommand) -> str:
