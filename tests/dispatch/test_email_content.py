@@ -39,8 +39,10 @@ def all_headers(message):
 
 
 def members_named_in_headers(message, members=MEMBERS):
+    """Members whose address stands in a header as an address of its own (not as the tail of
+    another token: a Message-ID such as <…-3ada@example.com> names no member)."""
     text = "\n".join(f"{name}: {value}" for name, value in all_headers(message)).lower()
-    return [member for member in members if member in text]
+    return [member for member in members if re.search(rf"(?<![\w.+-]){re.escape(member)}", text)]
 
 
 def plain_text(message):
