@@ -138,6 +138,15 @@ def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
     return counts, seconds
 
 
+def seeded_database_url() -> str:
+    """The database this benchmark seeds (``<BENCH_DATABASE_URL's name>_console``), which
+    ``--reuse`` measures again."""
+    from urllib.parse import urlparse, urlunparse
+
+    base = urlparse(bench_database_url())
+    return urlunparse(base._replace(path=f"/{base.path.lstrip('/') or 'outbox'}_console"))
+
+
 def configuration() -> "User":
     """Sites, lists and an operator to log in as (the role the console is for)."""
     from django.contrib.auth.models import Group, User
@@ -223,10 +232,7 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.reuse:
-        from urllib.parse import urlparse, urlunparse
-
-        base = urlparse(bench_database_url())
-        url = urlunparse(base._replace(path=f"/{base.path.lstrip('/') or 'outbox'}_console"))
+        url = seeded_database_url()
         counts: dict[str, int] = {}
         seed_seconds = 0.0
     else:
