@@ -192,6 +192,16 @@ def open_counts() -> dict[str, dict[str, int]]:
     return counts
 
 
+def queued_by_channel() -> dict[str, int]:
+    """``{channel: Pending and Retrying rows}`` for the channels with any (PostgreSQL)."""
+    sql = f"""
+        SELECT type, sum(n)::bigint FROM {TABLE}
+        WHERE bucket IS NULL AND status IN ('Pending', 'Retrying')
+        GROUP BY 1 HAVING sum(n) <> 0
+    """
+    return dict(_rows(sql, []))
+
+
 def stuck_counts(before: datetime) -> dict[str, int]:
     """Pending and Retrying rows queued (created, or last retried or requeued) before
     ``before``, per site: the sum of the whole minutes before it, plus the rows of its own

@@ -15,7 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from notifications import kpis, trends
-from notifications.counts import counts_fold, counts_kept, counts_rebuild, hourly_counts
+from notifications.counts import counts_fold, counts_kept, counts_rebuild, hourly_counts, queued_by_channel
 from notifications.kpis import kpis_compute
 from notifications.models import Notification, NotificationCount
 from notifications.operations import notification_discard, notification_requeue, notification_retry
@@ -81,6 +81,8 @@ def assert_exact():
     now = timezone.now()
     before = now - timedelta(minutes=10)
     assert kpis._open_figures_kept(before) == kpis._open_figures_counted(before)
+    queued = Notification.objects.filter(status__in=Notification.NON_TERMINAL)
+    assert queued_by_channel() == Counter(queued.values_list("type", flat=True))
     for hours in (24, 24 * 7):
         start = _hour(now) - timedelta(hours=hours - 1)
         counted = [Counter(trends._indexed(rows, start)) for rows in trends._counted_rows(start)]
