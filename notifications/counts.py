@@ -126,6 +126,116 @@ GROUP BY {KEY_COLUMNS} HAVING sum(n) <> 0
 """
 
 
+# --- failed delivery attempts, by hour, site and channel ----------------------------------------
+
+ATTEMPT_TABLE = "notifications_failedattemptcount"
+ATTEMPTS = "notifications_deliveryattempt"
+# The failed attempts among ``source``, with their notification's site and channel.
+FAILED_SQL = f"""
+    SELECT date_trunc('hour', a.started_at, 'UTC') AS bucket, n.source_site_id, n.type
+    FROM {{source}} AS a JOIN {NOTIFICATIONS} AS n ON n.notification_id = a.notification_id
+    WHERE a.failure_class <> ''"""
+ATTEMPT_KEY = "bucket, source_site_id, type"
+
+ATTEMPT_TRIGGER_FUNCTION_SQL = f"""
+CREATE OR REPLACE FUNCTION notifications_count_failed_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+        SELECT {ATTEMPT_KEY}, count(*), false FROM ({FAILED_SQL.format(source="new_rows")}) AS k
+        GROUP BY {ATTEMPT_KEY};
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+        SELECT {ATTEMPT_KEY}, -count(*), false FROM ({FAILED_SQL.format(source="old_rows")}) AS k
+        GROUP BY {ATTEMPT_KEY};
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+        SELECT {ATTEMPT_KEY}, sum(d), false FROM (
+            SELECT *, 1 AS d FROM ({FAILED_SQL.format(source="new_rows")}) AS added
+            UNION ALL
+            SELECT *, -1 AS d FROM ({FAILED_SQL.format(source="old_rows")}) AS removed
+        ) AS k
+        GROUP BY {ATTEMPT_KEY} HAVING sum(d) <> 0;
+    ELSE  -- TRUNCATE
+        DELETE FROM {ATTEMPT_TABLE};
+    END IF;
+    RETURN NULL;
+END
+$$
+"""
+ATTEMPT_TRIGGERS_SQL = [
+    f"CREATE TRIGGER attempt_count_insert AFTER INSERT ON {ATTEMPTS} REFERENCING NEW TABLE AS new_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
+    f"CREATE TRIGGER attempt_count_update AFTER UPDATE ON {ATTEMPTS} "
+    "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
+    f"CREATE TRIGGER attempt_count_delete AFTER DELETE ON {ATTEMPTS} REFERENCING OLD TABLE AS old_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
+    f"CREATE TRIGGER attempt_count_truncate AFTER TRUNCATE ON {ATTEMPTS} "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
+]
+ATTEMPT_TRIGGER_NAMES = (
+    "attempt_count_insert",
+    "attempt_count_update",
+    "attempt_count_delete",
+    "attempt_count_truncate",
+)
+ATTEMPT_REBUILD_SQL = f"""
+INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+SELECT {ATTEMPT_KEY}, count(*), true FROM ({FAILED_SQL.format(source=ATTEMPTS)}) AS k GROUP BY {ATTEMPT_KEY}
+"""
+ATTEMPT_FOLD_SQL = f"""
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock(%(lock)s + 1) AS held
+), keys AS (
+    SELECT DISTINCT {ATTEMPT_KEY} FROM (
+        SELECT {ATTEMPT_KEY} FROM {ATTEMPT_TABLE} WHERE NOT folded AND (SELECT held FROM lock) ORDER BY id LIMIT %(rows)s
+    ) AS changed
+), gone AS (
+    DELETE FROM {ATTEMPT_TABLE} AS c USING keys AS k
+    WHERE c.bucket = k.bucket AND c.source_site_id = k.source_site_id AND c.type = k.type
+    RETURNING c.bucket, c.source_site_id, c.type, c.n
+)
+INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+SELECT {ATTEMPT_KEY}, sum(n), true FROM gone GROUP BY {ATTEMPT_KEY} HAVING sum(n) <> 0
+"""
+
+
+def failed_attempts_install(schema_editor: Any) -> None:
+    """Create the attempts' triggers and count every existing failed attempt, with writers of
+    attempts held off meanwhile."""
+    run = schema_editor.execute
+    run(f"LOCK TABLE {ATTEMPTS} IN SHARE ROW EXCLUSIVE MODE")
+    run(ATTEMPT_TRIGGER_FUNCTION_SQL)
+    for name in ATTEMPT_TRIGGER_NAMES:
+        run(f"DROP TRIGGER IF EXISTS {name} ON {ATTEMPTS}")
+    for sql in ATTEMPT_TRIGGERS_SQL:
+        run(sql)
+    run(f"DELETE FROM {ATTEMPT_TABLE}")
+    run(ATTEMPT_REBUILD_SQL)
+    run(f"ANALYZE {ATTEMPT_TABLE}")
+
+
+def failed_attempts_uninstall(schema_editor: Any) -> None:
+    for name in ATTEMPT_TRIGGER_NAMES:
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name} ON {ATTEMPTS}")
+    schema_editor.execute("DROP FUNCTION IF EXISTS notifications_count_failed_attempts()")
+
+
+def failed_hourly_counts(start: datetime) -> list[tuple[int, str, str, int]]:
+    """``(hour, site, channel, count)`` of the failed attempts started from ``start`` (a whole
+    hour) on, the hour counted from ``start`` (PostgreSQL)."""
+    sql = f"""
+        SELECT (extract(epoch FROM bucket - %s::timestamptz) / 3600)::int, source_site_id, type, sum(n)::bigint
+        FROM {ATTEMPT_TABLE} WHERE bucket >= %s
+        GROUP BY bucket, source_site_id, type HAVING sum(n) <> 0
+    """
+    return [(hour, site, channel, n) for hour, site, channel, n in _rows(sql, [start, start])]
+
+
+# --- both -------------------------------------------------------------------------------------
+
+
 def counts_kept() -> bool:
     """Whether the database keeps the counts (PostgreSQL, with the triggers installed)."""
     return connection.vendor == "postgresql"
@@ -163,14 +273,18 @@ def counts_rebuild() -> None:
 
 def counts_fold(*, rows_max: int = FOLD_ROWS_MAX) -> int:
     """Sum the rows of each key that has changes not folded yet into one row (the keys of up
-    to ``rows_max`` changes); returns the number of rows written, 0 where another fold is
-    running or the counts are not kept. Never changes any key's sum: the rows a fold deletes
+    to ``rows_max`` changes), in the notification counts and the failed-attempt counts;
+    returns the number of rows written, 0 where another fold is running or the counts are not
+    kept. Never changes any key's sum: the rows a fold deletes
     are exactly the rows whose sums it inserts, in one statement."""
     if not counts_kept():
         return 0
+    written = 0
     with connection.cursor() as cursor:
-        cursor.execute(FOLD_SQL, {"lock": FOLD_LOCK, "rows": rows_max})
-        return max(cursor.rowcount, 0)
+        for sql in (FOLD_SQL, ATTEMPT_FOLD_SQL):
+            cursor.execute(sql, {"lock": FOLD_LOCK, "rows": rows_max})
+            written += max(cursor.rowcount, 0)
+    return written
 
 
 def open_counts() -> dict[str, dict[str, int]]:

@@ -174,6 +174,31 @@ class NotificationCount(models.Model):
         return f"{self.status} {self.source_site_id} {self.type} {bucket}: {self.n}"
 
 
+class FailedAttemptCount(models.Model):
+    """Failed delivery attempts (any failure class) by the hour they started and their
+    notification's site and channel (notifications.counts): the dashboard's failed trend.
+
+    Kept on PostgreSQL by statement-level triggers on the attempts table, like
+    ``NotificationCount``: each statement adds its changes per key, ``counts_fold`` sums them.
+    An attempt is counted through its notification, so attempts are deleted before their
+    notification (as the purge and Django's cascade do). Empty on SQLite."""
+
+    bucket = models.DateTimeField()
+    source_site_id = models.CharField(max_length=64)
+    type = models.CharField(max_length=32)
+    n = models.BigIntegerField()
+    folded = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["bucket", "source_site_id", "type"], name="attempt_count_key_idx"),
+            models.Index(fields=["id"], name="attempt_count_unfolded_idx", condition=models.Q(folded=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_site_id} {self.type} {self.bucket:%Y-%m-%d %H:00}: {self.n} failed"
+
+
 class DeliveryAttempt(models.Model):
     """One delivery attempt of one notification: recorded before the network call, finished after."""
 

@@ -4,12 +4,13 @@
 - delivered: rows delivered in the hour (``delivered_at``);
 - parked: rows parked now, by the hour they parked (the age expiry, else their last attempt,
   else their creation); a row retried since is no longer counted;
-- failed: failed delivery attempts started in the hour (any failure class), from the partial
-  index of failed attempts, joined to their notification for the site and channel.
+- failed: failed delivery attempts started in the hour (any failure class), by their
+  notification's site and channel.
 
-On PostgreSQL delivered and parked are read from the hourly counts the database keeps
+On PostgreSQL all three are read from the hourly counts the database keeps
 (notifications.counts); on SQLite they are counted from the rows (delivered from a partial
-index of delivered rows on (delivered_at, source_site_id, type) alone, migration 0011).
+index of delivered rows on (delivered_at, source_site_id, type) alone, migration 0011; failed
+attempts from their partial index, joined to their notification for the site and channel).
 Three grouped statements, each returning at most hours × sites × channels rows.
 """
 
@@ -22,7 +23,7 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
-from notifications.counts import counts_fold, counts_kept, hourly_counts
+from notifications.counts import counts_fold, counts_kept, failed_hourly_counts, hourly_counts
 from notifications.models import DeliveryAttempt, Notification
 
 Status = Notification.Status
@@ -78,22 +79,27 @@ def trends_compute(*, range_name: str = "24h", now: datetime | None = None) -> T
         parked: Iterable[Row] = hourly_counts(Status.PARKED, start)
     else:
         delivered, parked = (_indexed(rows, start) for rows in _counted_rows(start))
-    failed = (
-        DeliveryAttempt.objects.filter(~Q(failure_class=""), started_at__gte=start)
-        .annotate(
-            hour=TruncHour("started_at"),
-            source_site_id=F("notification__source_site_id"),
-            type=F("notification__type"),
+    failed: Iterable[Row]
+    if counts_kept():
+        failed = failed_hourly_counts(start)
+    else:
+        failed = _indexed(
+            DeliveryAttempt.objects.filter(~Q(failure_class=""), started_at__gte=start)
+            .annotate(
+                hour=TruncHour("started_at"),
+                source_site_id=F("notification__source_site_id"),
+                type=F("notification__type"),
+            )
+            .values("hour", "source_site_id", "type")
+            .annotate(n=Count("started_at"))
+            .order_by(),
+            start,
         )
-        .values("hour", "source_site_id", "type")
-        .annotate(n=Count("started_at"))
-        .order_by()
-    )
 
     overall = Series(hours)
     by_site: dict[str, Series] = {}
     by_channel: dict[str, Series] = {}
-    for metric, rows in (("delivered", delivered), ("parked", parked), ("failed", _indexed(failed, start))):
+    for metric, rows in (("delivered", delivered), ("parked", parked), ("failed", failed)):
         for index, site_id, channel, n in rows:
             if not 0 <= index < hours:
                 continue  # a clock a little ahead of ours; not this range

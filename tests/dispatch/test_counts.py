@@ -15,9 +15,16 @@ from django.db import connection
 from django.utils import timezone
 
 from notifications import kpis, trends
-from notifications.counts import counts_fold, counts_kept, counts_rebuild, hourly_counts, queued_by_channel
+from notifications.counts import (
+    counts_fold,
+    counts_kept,
+    counts_rebuild,
+    failed_hourly_counts,
+    hourly_counts,
+    queued_by_channel,
+)
 from notifications.kpis import kpis_compute
-from notifications.models import Notification, NotificationCount
+from notifications.models import DeliveryAttempt, FailedAttemptCount, Notification, NotificationCount
 from notifications.operations import notification_discard, notification_requeue, notification_retry
 from notifications.purge import notifications_purge
 from tests.dispatch.conftest import queue, run_pass
@@ -76,8 +83,21 @@ def kept() -> Counter:
     return +sums  # keys whose changes sum to 0 hold no rows
 
 
+def failed_live() -> Counter:
+    failed = DeliveryAttempt.objects.exclude(failure_class="").select_related("notification")
+    return Counter((_hour(a.started_at), a.notification.source_site_id, a.notification.type) for a in failed)
+
+
+def failed_kept() -> Counter:
+    sums: Counter = Counter()
+    for c in FailedAttemptCount.objects.all():
+        sums[(c.bucket.astimezone(UTC), c.source_site_id, c.type)] += c.n
+    return +sums
+
+
 def assert_exact():
     assert kept() == live()
+    assert failed_kept() == failed_live()
     now = timezone.now()
     before = now - timedelta(minutes=10)
     assert kpis._open_figures_kept(before) == kpis._open_figures_counted(before)
@@ -87,6 +107,15 @@ def assert_exact():
         start = _hour(now) - timedelta(hours=hours - 1)
         counted = [Counter(trends._indexed(rows, start)) for rows in trends._counted_rows(start)]
         assert [Counter(hourly_counts(status, start)) for status in (Status.DELIVERED, Status.PARKED)] == counted
+        failed = DeliveryAttempt.objects.exclude(failure_class="").filter(started_at__gte=start)
+        assert Counter({(h, site, channel): n for h, site, channel, n in failed_hourly_counts(start)}) == Counter(
+            (
+                int((_hour(a.started_at) - start).total_seconds() // 3600),
+                a.notification.source_site_id,
+                a.notification.type,
+            )
+            for a in failed.select_related("notification")
+        )
 
 
 @pytest.fixture
@@ -117,6 +146,19 @@ def history(postgres_only):
             make(Status.DISCARDED, age=age, site=site, discarded_at=now - age + timedelta(hours=1)),
         ]
     Notification.objects.bulk_create(rows)
+    attempts = []
+    for i, row in enumerate(rows):
+        if row.status != Status.PENDING:
+            failed = row.status != Status.DELIVERED
+            attempts.append(
+                DeliveryAttempt(
+                    notification=row,
+                    started_at=now - timedelta(hours=i % 200),
+                    outcome="transient" if failed else "success",
+                    failure_class="connection" if failed else "",
+                )
+            )
+    DeliveryAttempt.objects.bulk_create(attempts)
     return rows
 
 
@@ -145,6 +187,17 @@ def test_operator_actions_and_updates_change_the_counts_exactly(history, operato
     before = NotificationCount.objects.count()
     Notification.objects.filter(status=Status.RETRYING).update(claimed_by="w", claimed_until=timezone.now())
     assert NotificationCount.objects.count() == before  # a claim changes no count
+    assert_exact()
+
+
+def test_attempts_that_fail_or_are_finished_change_the_failed_counts_exactly(history):
+    first = DeliveryAttempt.objects.filter(outcome="success").order_by("id").values_list("id", flat=True)[:30]
+    DeliveryAttempt.objects.filter(id__in=list(first)).update(outcome="transient", failure_class="timeout")
+    assert_exact()
+    some = DeliveryAttempt.objects.exclude(failure_class="").order_by("id").values_list("id", flat=True)[:10]
+    DeliveryAttempt.objects.filter(id__in=list(some)).update(failure_class="", started_at=timezone.now())
+    assert_exact()
+    DeliveryAttempt.objects.filter(id__in=list(first)[:5]).delete()
     assert_exact()
 
 
