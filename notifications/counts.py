@@ -23,6 +23,12 @@ per key. The sum of ``n`` over a key always equals the live count of its rows: a
 the changes of exactly the transactions its snapshot sees, and a fold replaces rows by their
 sum in one statement.
 
+Failed delivery attempts are counted the same way in ``notifications_failedattemptcount``
+(model ``FailedAttemptCount``, migration 0014): by the hour they started and their
+notification's site and channel, kept by triggers on the attempts table, for the dashboard's
+failed trend. An attempt is counted through its notification, so attempts are deleted before
+their notification (as the purge and Django's cascade do).
+
 SQLite has no such triggers: there :func:`counts_kept` is False and the callers count the rows.
 """
 

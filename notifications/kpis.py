@@ -1,11 +1,16 @@
-"""Delivery KPIs (docs/operations.md), computed on demand.
+"""Delivery KPIs (docs/operations.md), computed on demand, exact.
 
-One aggregate statement grouped by source site gives the per-site figures; the global figures
-are sums (and the minimum age) of the per-site ones. It reads only open rows (Pending,
-Retrying, Parked) and rows delivered within the interval, each half from a partial index, so
-it stays fast on a table that is mostly delivered history. Two small queries add the failed
-attempts of the interval by failure class (a partial index of failed attempts) and the
-channels whose circuit breaker is open (a table of one row per channel endpoint).
+Per source site; the global figures are sums (and the minimum age) of the per-site ones.
+
+- Queue depth, parked, expired and stuck: on PostgreSQL from the counts the database keeps
+  (notifications.counts: a few hundred count rows, plus the queued rows of the one minute the
+  stuck threshold falls in), with one index probe per site and status for the oldest queued
+  row; on SQLite one aggregate over the open rows (Pending, Retrying, Parked) from their
+  partial index.
+- Delivered (and delivered partially) within the interval: one statement of two halves, each
+  from a partial index alone.
+- Failed attempts of the interval by failure class (a partial index of failed attempts) and
+  the channels whose circuit breaker is open (a table of one row per channel endpoint).
 """
 
 from collections.abc import Iterable
