@@ -296,7 +296,7 @@ def counts_fold(*, rows_max: int = FOLD_ROWS_MAX) -> int:
 def open_counts() -> dict[str, dict[str, int]]:
     """``{site: {"queue_depth", "parked", "expired"}}`` for the sites with any (PostgreSQL)."""
     sql = f"""
-        SELECT source_site_id, status, expired, sum(n) FROM {TABLE}
+        SELECT source_site_id, status, expired, sum(n)::bigint FROM {TABLE}
         WHERE bucket IS NULL AND status IN ('Pending', 'Retrying', 'Parked')
         GROUP BY 1, 2, 3 HAVING sum(n) <> 0
     """
@@ -327,7 +327,7 @@ def stuck_counts(before: datetime) -> dict[str, int]:
     ``before``, per site: the sum of the whole minutes before it, plus the rows of its own
     minute counted from the queued-since index (PostgreSQL)."""
     sql = f"""
-        SELECT source_site_id, sum(n) FROM (
+        SELECT source_site_id, sum(n)::bigint FROM (
             SELECT source_site_id, n FROM {TABLE}
             WHERE status IN ('Pending', 'Retrying') AND bucket < date_trunc('minute', %s::timestamptz, 'UTC')
             UNION ALL

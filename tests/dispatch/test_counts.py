@@ -237,3 +237,8 @@ def test_ingest_and_delivery_through_the_dispatcher_are_counted(postgres_only, s
     assert_exact()
     figures = kpis_compute()["global"]
     assert (figures["queue_depth"], figures["delivered_last_interval"]) == (0, 10)
+    queue(2, site_id="plant-a")
+    site = kpis_compute()["per_site"]["plant-a"]
+    # Whole numbers, as the API has always served them (not 2.0 from a database sum).
+    assert [type(site[key]) for key in ("queue_depth", "stuck", "parked", "expired")] == [int] * 4
+    assert site["queue_depth"] == 2
