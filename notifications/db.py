@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.db.models import F, Field, Func, IntegerField, Lookup, Model, Q, QuerySet, TextField
 from django.utils import timezone
 
@@ -244,6 +244,31 @@ def planner_row_estimate(queryset: QuerySet[Any]) -> int | None:
     if isinstance(plan, str):
         plan = json.loads(plan)
     return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def count_within(queryset: QuerySet[Any], milliseconds: int) -> int | None:
+    """``queryset.count()``, or None when PostgreSQL has not finished it within ``milliseconds``
+    (the statement is cancelled; the connection and any enclosing transaction stay usable).
+    SQLite has no statement timeout: there it always counts."""
+    if connection.vendor != "postgresql":
+        return queryset.count()
+    from psycopg.errors import QueryCanceled
+
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            # Local to this (sub)transaction: set back below, or undone by its rollback.
+            cursor.execute(
+                "SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)",
+                [str(milliseconds)],
+            )
+            previous = cursor.fetchone()[0]
+            counted = queryset.count()
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
+            return counted
+    except OperationalError as error:
+        if isinstance(error.__cause__, QueryCanceled):
+            return None
+        raise
 
 
 # --- case-insensitive search ------------------------------------------------------------------

@@ -59,6 +59,7 @@ from notifications.adapters.base import (
     target_outcome,
 )
 from notifications.clock import DatabaseClock, database_clock, database_now
+from notifications.counts import counts_fold
 from notifications.health import (
     Channel,
     channel_gate_open,
@@ -657,6 +658,7 @@ def dispatch_pass(
     finally:
         for context in contexts.values():
             context.close()
+    counts_fold()  # the pass's status changes, summed per key (notifications.counts)
     report.seconds = time.monotonic() - started
     return report
 

@@ -29,6 +29,7 @@ from django.db.models import Q
 from notifications.adapters import ADAPTER_PATHS, adapter_for
 from notifications.adapters.base import CHANNEL_FAILURES, HEALTHY_FAILURES
 from notifications.clock import database_now
+from notifications.counts import counts_kept, queued_by_channel
 from notifications.models import ChannelHealth, Notification
 from notifications.policies import ChannelPolicy, delivery_policies_all
 
@@ -261,9 +262,13 @@ def channels_unhealthy(*, queue_depth: int | None = None) -> list[dict[str, Any]
     that channel's, and no query is needed to count them."""
     rows = list(ChannelHealth.objects.exclude(state=State.CLOSED).order_by("opened_at"))
     waiting: dict[str, int] = {}
+    kept = None
     for name in {row.channel for row in rows}:
         if queue_depth is not None and set(ADAPTER_PATHS) == {name}:
             waiting[name] = queue_depth
+        elif counts_kept():  # PostgreSQL: from the counts the database keeps per channel
+            kept = queued_by_channel() if kept is None else kept
+            waiting[name] = kept.get(name, 0)
         else:
             waiting[name] = Notification.objects.filter(status__in=Notification.NON_TERMINAL, type=name).count()
     return [

@@ -1,11 +1,16 @@
-"""Delivery KPIs (docs/operations.md), computed on demand.
+"""Delivery KPIs (docs/operations.md), computed on demand, exact.
 
-One aggregate statement grouped by source site gives the per-site figures; the global figures
-are sums (and the minimum age) of the per-site ones. It reads only open rows (Pending,
-Retrying, Parked) and rows delivered within the interval, each half from a partial index, so
-it stays fast on a table that is mostly delivered history. Two small queries add the failed
-attempts of the interval by failure class (a partial index of failed attempts) and the
-channels whose circuit breaker is open (a table of one row per channel endpoint).
+Per source site; the global figures are sums (and the minimum age) of the per-site ones.
+
+- Queue depth, parked, expired and stuck: on PostgreSQL from the counts the database keeps
+  (notifications.counts: a few hundred count rows, plus the queued rows of the one minute the
+  stuck threshold falls in), with one index probe per site and status for the oldest queued
+  row; on SQLite one aggregate over the open rows (Pending, Retrying, Parked) from their
+  partial index.
+- Delivered (and delivered partially) within the interval: one statement of two halves, each
+  from a partial index alone.
+- Failed attempts of the interval by failure class (a partial index of failed attempts) and
+  the channels whose circuit breaker is open (a table of one row per channel endpoint).
 """
 
 from collections.abc import Iterable
@@ -13,15 +18,17 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.conf import settings
-from django.db.models import Count, DateTimeField, Min, Q, Value
+from django.db.models import Count, Min, Q, Value
 from django.utils import timezone
 
 from notifications.adapters.base import FailureClass
+from notifications.counts import counts_fold, counts_kept, oldest_queued, open_counts, stuck_counts
 from notifications.health import channels_unhealthy
 from notifications.models import DeliveryAttempt, Notification
 
 Status = Notification.Status
 COUNTS = ("queue_depth", "stuck", "parked", "expired", "delivered_last_interval", "partially_delivered_last_interval")
+OPEN_COUNTS = ("queue_depth", "stuck", "parked", "expired")
 
 
 def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
@@ -39,11 +46,50 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     now = now or timezone.now()
     stuck_before = now - timedelta(seconds=settings.OUTBOX_STUCK_AGE)
     since = now - timedelta(seconds=settings.OUTBOX_KPI_INTERVAL)
+    if counts_kept():
+        counts, oldest = _open_figures_kept(stuck_before)
+    else:
+        counts, oldest = _open_figures_counted(stuck_before)
+    for row in cast(Iterable[dict[str, Any]], _delivered_rows(since)):
+        figures = counts.setdefault(row["source_site_id"], dict.fromkeys(COUNTS, 0))
+        figures["delivered_last_interval"] += row["delivered"]
+        figures["partially_delivered_last_interval"] += row["partial"]
+    per_site = {
+        site_id: {**figures, "oldest_pending_age_seconds": _age(now, oldest.get(site_id))}
+        for site_id, figures in counts.items()
+    }
+    overall: dict[str, Any] = {key: sum(figures[key] for figures in counts.values()) for key in COUNTS}
+    oldest_overall = min((then for then in oldest.values() if then is not None), default=None)
+    overall["oldest_pending_age_seconds"] = _age(now, oldest_overall)
+    overall["failures_last_interval"] = _failures_since(since)
+    return {
+        "global": overall,
+        "per_site": dict(sorted(per_site.items())),
+        "channels": channels_unhealthy(queue_depth=overall["queue_depth"]),
+        "computed_at": now.isoformat().replace("+00:00", "Z"),
+    }
+
+
+def _open_figures_kept(stuck_before: datetime) -> tuple[dict[str, dict[str, int]], dict[str, datetime]]:
+    """Per site: the open-row figures and the oldest queued row's creation, from the counts
+    the database keeps (notifications.counts): a few hundred count rows, the queued rows of
+    the stuck threshold's minute, and one index probe per site and status."""
+    counts_fold()
+    counts: dict[str, dict[str, int]] = {}
+    for site_id, figures in open_counts().items():
+        counts[site_id] = {**dict.fromkeys(COUNTS, 0), **figures}
+    for site_id, stuck in stuck_counts(stuck_before).items():
+        counts.setdefault(site_id, dict.fromkeys(COUNTS, 0))["stuck"] = stuck
+    queued = [site_id for site_id, figures in counts.items() if figures["queue_depth"]]
+    return counts, oldest_queued(queued)
+
+
+def _open_figures_counted(stuck_before: datetime) -> tuple[dict[str, dict[str, int]], dict[str, datetime]]:
+    """The same figures counted from the rows: one aggregate over the open rows (Pending,
+    Retrying, Parked), answered from their partial index alone (an index-only scan; migration
+    0005). SQLite, and the reference the kept counts are tested against."""
     non_terminal = Q(status__in=Notification.NON_TERMINAL)
-    # One statement, two halves, each answered from a small partial index alone (index-only
-    # scans; migration 0005): the open rows (Pending, Retrying, Parked) and the rows delivered
-    # within the interval. Counting an indexed column, not the pk, which would need the table itself.
-    open_rows = (
+    rows = (
         Notification.objects.filter(status__in=[*Notification.NON_TERMINAL, Status.PARKED])
         .values("source_site_id")
         .annotate(
@@ -57,63 +103,36 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
             ),
             parked=Count("created_at", filter=Q(status=Status.PARKED)),
             expired=Count("created_at", filter=Q(status=Status.PARKED, expired_at__isnull=False)),
-            delivered_last_interval=Value(0),
-            partially_delivered_last_interval=Value(0),
             oldest=Min("created_at", filter=non_terminal),
         )
         .order_by()
     )
+    counts: dict[str, dict[str, int]] = {}
+    oldest: dict[str, datetime] = {}
+    for row in cast(Iterable[dict[str, Any]], rows):
+        site_id = row["source_site_id"]
+        counts[site_id] = {**dict.fromkeys(COUNTS, 0), **{key: row[key] for key in OPEN_COUNTS}}
+        if row["oldest"] is not None:
+            oldest[site_id] = row["oldest"]
+    return counts, oldest
+
+
+def _delivered_rows(since: datetime) -> Any:
+    """Per site, the rows delivered since ``since`` and, of those, the ones delivered partially:
+    two halves of one statement, each from a partial index alone (0011 and 0008)."""
     delivered = (
         Notification.objects.filter(status=Status.DELIVERED, delivered_at__gte=since)
         .values("source_site_id")
-        .annotate(
-            queue_depth=Value(0),
-            stuck=Value(0),
-            parked=Value(0),
-            expired=Value(0),
-            delivered_last_interval=Count("delivered_at"),
-            partially_delivered_last_interval=Value(0),
-            oldest=Value(None, output_field=DateTimeField()),
-        )
+        .annotate(delivered=Count("delivered_at"), partial=Value(0))
         .order_by()
     )
-    # A third half for the partially delivered, from their own (tiny) partial index (0008).
     partial = (
         Notification.objects.filter(status=Status.DELIVERED, targets_refused__gt=0, delivered_at__gte=since)
         .values("source_site_id")
-        .annotate(
-            queue_depth=Value(0),
-            stuck=Value(0),
-            parked=Value(0),
-            expired=Value(0),
-            delivered_last_interval=Value(0),
-            partially_delivered_last_interval=Count("delivered_at"),
-            oldest=Value(None, output_field=DateTimeField()),
-        )
+        .annotate(delivered=Value(0), partial=Count("delivered_at"))
         .order_by()
     )
-    counts: dict[str, dict[str, int]] = {}
-    oldest: dict[str, datetime | None] = {}
-    for row in cast(Iterable[dict[str, Any]], open_rows.union(delivered, partial, all=True)):
-        site_id = row["source_site_id"]
-        figures = counts.setdefault(site_id, dict.fromkeys(COUNTS, 0))
-        for key in COUNTS:
-            figures[key] += row[key]
-        oldest[site_id] = _earliest(oldest.get(site_id), row["oldest"])
-    per_site = {
-        site_id: {**figures, "oldest_pending_age_seconds": _age(now, oldest[site_id])}
-        for site_id, figures in counts.items()
-    }
-    overall: dict[str, Any] = {key: sum(figures[key] for figures in counts.values()) for key in COUNTS}
-    oldest_overall = min((then for then in oldest.values() if then is not None), default=None)
-    overall["oldest_pending_age_seconds"] = _age(now, oldest_overall)
-    overall["failures_last_interval"] = _failures_since(since)
-    return {
-        "global": overall,
-        "per_site": dict(sorted(per_site.items())),
-        "channels": channels_unhealthy(queue_depth=overall["queue_depth"]),
-        "computed_at": now.isoformat().replace("+00:00", "Z"),
-    }
+    return delivered.union(partial, all=True)
 
 
 def _failures_since(since: datetime) -> dict[str, int]:

@@ -133,6 +133,72 @@ class Notification(models.Model):
         return f"{self.notification_id} {self.status} {self.subject[:40]}"
 
 
+class NotificationCount(models.Model):
+    """Notification counts by status, site, channel and time bucket (notifications.counts).
+
+    On PostgreSQL, triggers on the notification table add one row of changes per key for
+    every statement that inserts, changes or deletes notifications, in that statement's
+    transaction; ``counts_fold`` later sums the rows of a key into one. The sum of ``n`` over
+    a key therefore always equals the live count of the notifications with that key. Each
+    notification counts in its totals key (bucket None) and, unless Discarded, in a bucketed
+    key: the minute a Pending or Retrying row was queued (its last operator Retry or Requeue,
+    else its creation), the hour a Delivered row was delivered or a Parked row parked (expiry,
+    else last attempt, else creation). SQLite has no triggers: there the table stays empty and
+    the KPIs and trends count the rows themselves.
+    """
+
+    bucket = models.DateTimeField(null=True)  # None: the key's totals of every time
+    status = models.CharField(max_length=16, choices=NotificationStatus.choices)
+    source_site_id = models.CharField(max_length=64)
+    type = models.CharField(max_length=32)
+    expired = models.BooleanField()  # Parked for its age (expired_at set)
+    n = models.BigIntegerField()
+    folded = models.BooleanField(default=False)  # the sum of a key, not a statement's change
+
+    class Meta:
+        indexes = [
+            # The trends and the stuck figure: counts of a status, by bucket.
+            models.Index(fields=["status", "bucket"], name="notif_count_status_idx"),
+            # The fold: every row of a bucketed key, every row of a totals key (the KPIs read these).
+            models.Index(fields=["status", "source_site_id", "type", "expired", "bucket"], name="notif_count_key_idx"),
+            models.Index(
+                fields=["status", "source_site_id", "type", "expired"],
+                name="notif_count_total_idx",
+                condition=models.Q(bucket__isnull=True),
+            ),
+            models.Index(fields=["id"], name="notif_count_unfolded_idx", condition=models.Q(folded=False)),
+        ]
+
+    def __str__(self) -> str:
+        bucket = "total" if self.bucket is None else f"{self.bucket:%Y-%m-%d %H:%M}"
+        return f"{self.status} {self.source_site_id} {self.type} {bucket}: {self.n}"
+
+
+class FailedAttemptCount(models.Model):
+    """Failed delivery attempts (any failure class) by the hour they started and their
+    notification's site and channel (notifications.counts): the dashboard's failed trend.
+
+    Kept on PostgreSQL by statement-level triggers on the attempts table, like
+    ``NotificationCount``: each statement adds its changes per key, ``counts_fold`` sums them.
+    An attempt is counted through its notification, so attempts are deleted before their
+    notification (as the purge and Django's cascade do). Empty on SQLite."""
+
+    bucket = models.DateTimeField()
+    source_site_id = models.CharField(max_length=64)
+    type = models.CharField(max_length=32)
+    n = models.BigIntegerField()
+    folded = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["bucket", "source_site_id", "type"], name="attempt_count_key_idx"),
+            models.Index(fields=["id"], name="attempt_count_unfolded_idx", condition=models.Q(folded=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_site_id} {self.type} {self.bucket:%Y-%m-%d %H:00}: {self.n} failed"
+
+
 class DeliveryAttempt(models.Model):
     """One delivery attempt of one notification: recorded before the network call, finished after."""
 

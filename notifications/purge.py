@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from notifications import db
+from notifications.counts import counts_fold
 from notifications.models import DeliveryAttempt, Notification
 
 
@@ -61,4 +62,5 @@ def notifications_purge(
             progress(report)
         if len(pks) < batch_size:
             break
+    counts_fold()  # the deletions, summed per key (notifications.counts)
     return report

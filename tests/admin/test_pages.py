@@ -73,6 +73,27 @@ def test_the_paginator_counts_exactly_below_its_limit_and_estimates_above_it(ope
     assert operator_client.get(OUTBOX, {"status": "Parked"}).context["cl"].result_count == 0
 
 
+def test_a_count_that_takes_too_long_is_cancelled_and_the_page_shows_an_estimate(operator_client, monkeypatch):
+    from notifications import db
+
+    make_notification()
+    if connection.vendor != "postgresql":
+        assert db.count_within(Notification.objects.all(), 0) == 1  # no statement timeout: it counts
+        return
+    slow = Notification.objects.extra(where=["pg_sleep(0.3) IS NOT NULL"])
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        before = cursor.fetchone()[0]
+    assert db.count_within(slow, 50) is None
+    assert db.count_within(Notification.objects.all(), 50) == 1
+    with connection.cursor() as cursor:  # the connection is usable and its timeout as it was
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] == before
+    monkeypatch.setattr(db, "count_within", lambda queryset, milliseconds: None)
+    cl = operator_client.get(OUTBOX).context["cl"]
+    assert cl.paginator.is_estimate and len(cl.result_list) == 1  # the rows shown are exact
+
+
 def test_outbox_page_columns_cannot_sort_by_unindexed_fields(operator_client):
     make_notification()
     content = operator_client.get(OUTBOX).content.decode()

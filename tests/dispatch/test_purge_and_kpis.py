@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 
 from notifications.adapters.base import FailureClass
@@ -209,9 +210,12 @@ def test_kpis_of_an_empty_table_have_no_oldest_age(db):
     assert kpis["channels"] == []
 
 
-def test_kpis_take_three_queries_while_every_channel_is_healthy(crafted, django_assert_num_queries):
-    # Open rows and delivered rows in one statement, failures by class, channel health.
-    with django_assert_num_queries(3):
+def test_kpis_take_a_few_queries_while_every_channel_is_healthy(crafted, django_assert_num_queries):
+    # PostgreSQL, from the kept counts (notifications.counts): the two folds, the open figures, the
+    # stuck figure, the oldest queued per site. SQLite: one statement over the open rows. Then
+    # the delivered rows (two halves of one statement), failures by class, channel health.
+    expected = 8 if connection.vendor == "postgresql" else 4
+    with django_assert_num_queries(expected):
         kpis_compute()
 
 

@@ -1,0 +1,376 @@
+"""Notification counts kept by the database (PostgreSQL): the KPIs and the dashboard's trends
+read them instead of counting millions of rows.
+
+Triggers on the notification table (installed by migration 0013_notification_counts) add, for
+every statement that inserts, changes or deletes notifications, one row of changes per key to
+``notifications_notificationcount`` (model ``NotificationCount``), in the statement's own
+transaction. A key is (bucket, status, source site, channel, expired). Every notification
+counts in two keys:
+
+- its totals key, bucket NULL: the KPIs' queue depth, parked and expired figures per site;
+- its bucketed key (none for Discarded rows): for Pending and Retrying the minute the row was
+  queued (its last operator Retry or Requeue, else its creation: ``greatest(created_at,
+  requeued_at)``), so the stuck figure is a sum plus the rows of one minute; for Delivered the
+  hour it was delivered; for Parked the hour it parked (its age expiry, else its last attempt,
+  else its creation), as the trends count them.
+
+The triggers are statement-level (one INSERT … SELECT … GROUP BY over the statement's changed
+rows), so a batch of 500 ingested rows or delivered results adds a handful of rows, and an
+UPDATE that changes no key (a claim, a lease renewal, an attempt's bookkeeping) adds none.
+:func:`counts_fold` sums each key's rows into one (the dispatcher calls it after every pass,
+the purge after its batches, and the readers before reading), so the table stays about one row
+per key. The sum of ``n`` over a key always equals the live count of its rows: a reader sees
+the changes of exactly the transactions its snapshot sees, and a fold replaces rows by their
+sum in one statement.
+
+Failed delivery attempts are counted the same way in ``notifications_failedattemptcount``
+(model ``FailedAttemptCount``, migration 0014): by the hour they started and their
+notification's site and channel, kept by triggers on the attempts table, for the dashboard's
+failed trend. An attempt is counted through its notification, so attempts are deleted before
+their notification (as the purge and Django's cascade do).
+
+SQLite has no such triggers: there :func:`counts_kept` is False and the callers count the rows.
+"""
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+
+TABLE = "notifications_notificationcount"
+NOTIFICATIONS = "notifications_notification"
+
+# The key rows of the notification rows in ``source``: every row counts once in its totals key
+# (bucket NULL) and, unless Discarded, once in its bucketed key.
+KEYS_SQL = """
+    SELECT v.bucket, r.status, r.source_site_id, r.type, r.expired_at IS NOT NULL AS expired
+    FROM {source} AS r CROSS JOIN LATERAL (VALUES (true, NULL::timestamptz), (false,
+        CASE r.status
+            WHEN 'Delivered' THEN date_trunc('hour', coalesce(r.delivered_at, r.created_at), 'UTC')
+            WHEN 'Parked' THEN date_trunc('hour', coalesce(r.expired_at, r.last_attempt_at, r.created_at), 'UTC')
+            WHEN 'Pending' THEN date_trunc('minute', greatest(r.created_at, r.requeued_at), 'UTC')
+            WHEN 'Retrying' THEN date_trunc('minute', greatest(r.created_at, r.requeued_at), 'UTC')
+        END)) AS v(total, bucket)
+    WHERE v.total OR v.bucket IS NOT NULL"""
+KEY_COLUMNS = "bucket, status, source_site_id, type, expired"
+
+TRIGGER_FUNCTION_SQL = f"""
+CREATE OR REPLACE FUNCTION notifications_count_changes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
+        SELECT {KEY_COLUMNS}, count(*), false FROM ({KEYS_SQL.format(source="new_rows")}) AS k
+        GROUP BY {KEY_COLUMNS};
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
+        SELECT {KEY_COLUMNS}, -count(*), false FROM ({KEYS_SQL.format(source="old_rows")}) AS k
+        GROUP BY {KEY_COLUMNS};
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
+        SELECT {KEY_COLUMNS}, sum(d), false FROM (
+            SELECT *, 1 AS d FROM ({KEYS_SQL.format(source="new_rows")}) AS added
+            UNION ALL
+            SELECT *, -1 AS d FROM ({KEYS_SQL.format(source="old_rows")}) AS removed
+        ) AS k
+        GROUP BY {KEY_COLUMNS} HAVING sum(d) <> 0;
+    ELSE  -- TRUNCATE
+        DELETE FROM {TABLE};
+    END IF;
+    RETURN NULL;
+END
+$$
+"""
+
+TRIGGERS_SQL = [
+    f"CREATE TRIGGER notif_count_insert AFTER INSERT ON {NOTIFICATIONS} REFERENCING NEW TABLE AS new_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_changes()",
+    f"CREATE TRIGGER notif_count_update AFTER UPDATE ON {NOTIFICATIONS} "
+    "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_changes()",
+    f"CREATE TRIGGER notif_count_delete AFTER DELETE ON {NOTIFICATIONS} REFERENCING OLD TABLE AS old_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_changes()",
+    f"CREATE TRIGGER notif_count_truncate AFTER TRUNCATE ON {NOTIFICATIONS} "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_changes()",
+]
+TRIGGER_NAMES = ("notif_count_insert", "notif_count_update", "notif_count_delete", "notif_count_truncate")
+
+# Recounts every key from the notifications themselves (installation, and after a bulk load
+# made with the triggers disabled).
+REBUILD_SQL = f"""
+INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
+SELECT {KEY_COLUMNS}, count(*), true FROM ({KEYS_SQL.format(source=NOTIFICATIONS)}) AS k
+GROUP BY {KEY_COLUMNS}
+"""
+
+# At most this many unfolded rows are read per fold (every row of their keys is folded).
+FOLD_ROWS_MAX = 50_000
+# Any constant shared by every process: only one fold runs at a time (the others skip).
+FOLD_LOCK = 0x6F7574626F78  # "outbox"
+
+# Sums the rows of the keys of up to %(rows)s unfolded rows into one row per key, in one
+# statement, unless another fold holds the lock: the bucketed keys and the totals are each
+# matched through their own index.
+_KEY_MATCH = "c.status = k.status AND c.source_site_id = k.source_site_id AND c.type = k.type AND c.expired = k.expired"
+FOLD_SQL = f"""
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock(%(lock)s) AS held
+), changed AS (
+    SELECT {KEY_COLUMNS} FROM {TABLE} WHERE NOT folded AND (SELECT held FROM lock) ORDER BY id LIMIT %(rows)s
+), bucketed AS (
+    DELETE FROM {TABLE} AS c USING (SELECT DISTINCT * FROM changed WHERE bucket IS NOT NULL) AS k
+    WHERE {_KEY_MATCH} AND c.bucket = k.bucket
+    RETURNING c.bucket, c.status, c.source_site_id, c.type, c.expired, c.n
+), totals AS (
+    DELETE FROM {TABLE} AS c USING (SELECT DISTINCT * FROM changed WHERE bucket IS NULL) AS k
+    WHERE {_KEY_MATCH} AND c.bucket IS NULL
+    RETURNING c.bucket, c.status, c.source_site_id, c.type, c.expired, c.n
+)
+INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
+SELECT {KEY_COLUMNS}, sum(n), true FROM (SELECT * FROM bucketed UNION ALL SELECT * FROM totals) AS gone
+GROUP BY {KEY_COLUMNS} HAVING sum(n) <> 0
+"""
+
+
+# --- failed delivery attempts, by hour, site and channel ----------------------------------------
+
+ATTEMPT_TABLE = "notifications_failedattemptcount"
+ATTEMPTS = "notifications_deliveryattempt"
+# The failed attempts among ``source``, with their notification's site and channel.
+FAILED_SQL = f"""
+    SELECT date_trunc('hour', a.started_at, 'UTC') AS bucket, n.source_site_id, n.type
+    FROM {{source}} AS a JOIN {NOTIFICATIONS} AS n ON n.notification_id = a.notification_id
+    WHERE a.failure_class <> ''"""
+ATTEMPT_KEY = "bucket, source_site_id, type"
+
+ATTEMPT_TRIGGER_FUNCTION_SQL = f"""
+CREATE OR REPLACE FUNCTION notifications_count_failed_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+        SELECT {ATTEMPT_KEY}, count(*), false FROM ({FAILED_SQL.format(source="new_rows")}) AS k
+        GROUP BY {ATTEMPT_KEY};
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+        SELECT {ATTEMPT_KEY}, -count(*), false FROM ({FAILED_SQL.format(source="old_rows")}) AS k
+        GROUP BY {ATTEMPT_KEY};
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+        SELECT {ATTEMPT_KEY}, sum(d), false FROM (
+            SELECT *, 1 AS d FROM ({FAILED_SQL.format(source="new_rows")}) AS added
+            UNION ALL
+            SELECT *, -1 AS d FROM ({FAILED_SQL.format(source="old_rows")}) AS removed
+        ) AS k
+        GROUP BY {ATTEMPT_KEY} HAVING sum(d) <> 0;
+    ELSE  -- TRUNCATE
+        DELETE FROM {ATTEMPT_TABLE};
+    END IF;
+    RETURN NULL;
+END
+$$
+"""
+ATTEMPT_TRIGGERS_SQL = [
+    f"CREATE TRIGGER attempt_count_insert AFTER INSERT ON {ATTEMPTS} REFERENCING NEW TABLE AS new_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
+    f"CREATE TRIGGER attempt_count_update AFTER UPDATE ON {ATTEMPTS} "
+    "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
+    f"CREATE TRIGGER attempt_count_delete AFTER DELETE ON {ATTEMPTS} REFERENCING OLD TABLE AS old_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
+    f"CREATE TRIGGER attempt_count_truncate AFTER TRUNCATE ON {ATTEMPTS} "
+    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
+]
+ATTEMPT_TRIGGER_NAMES = (
+    "attempt_count_insert",
+    "attempt_count_update",
+    "attempt_count_delete",
+    "attempt_count_truncate",
+)
+ATTEMPT_REBUILD_SQL = f"""
+INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+SELECT {ATTEMPT_KEY}, count(*), true FROM ({FAILED_SQL.format(source=ATTEMPTS)}) AS k GROUP BY {ATTEMPT_KEY}
+"""
+ATTEMPT_FOLD_SQL = f"""
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock(%(lock)s + 1) AS held
+), keys AS (
+    SELECT DISTINCT {ATTEMPT_KEY} FROM (
+        SELECT {ATTEMPT_KEY} FROM {ATTEMPT_TABLE} WHERE NOT folded AND (SELECT held FROM lock) ORDER BY id LIMIT %(rows)s
+    ) AS changed
+), gone AS (
+    DELETE FROM {ATTEMPT_TABLE} AS c USING keys AS k
+    WHERE c.bucket = k.bucket AND c.source_site_id = k.source_site_id AND c.type = k.type
+    RETURNING c.bucket, c.source_site_id, c.type, c.n
+)
+INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
+SELECT {ATTEMPT_KEY}, sum(n), true FROM gone GROUP BY {ATTEMPT_KEY} HAVING sum(n) <> 0
+"""
+
+
+def failed_attempts_install(schema_editor: Any) -> None:
+    """Create the attempts' triggers and count every existing failed attempt, with writers of
+    attempts held off meanwhile."""
+    run = schema_editor.execute
+    run(f"LOCK TABLE {ATTEMPTS} IN SHARE ROW EXCLUSIVE MODE")
+    run(ATTEMPT_TRIGGER_FUNCTION_SQL)
+    for name in ATTEMPT_TRIGGER_NAMES:
+        run(f"DROP TRIGGER IF EXISTS {name} ON {ATTEMPTS}")
+    for sql in ATTEMPT_TRIGGERS_SQL:
+        run(sql)
+    run(f"DELETE FROM {ATTEMPT_TABLE}")
+    run(ATTEMPT_REBUILD_SQL)
+    run(f"ANALYZE {ATTEMPT_TABLE}")
+
+
+def failed_attempts_uninstall(schema_editor: Any) -> None:
+    for name in ATTEMPT_TRIGGER_NAMES:
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name} ON {ATTEMPTS}")
+    schema_editor.execute("DROP FUNCTION IF EXISTS notifications_count_failed_attempts()")
+
+
+def failed_hourly_counts(start: datetime) -> list[tuple[int, str, str, int]]:
+    """``(hour, site, channel, count)`` of the failed attempts started from ``start`` (a whole
+    hour) on, the hour counted from ``start`` (PostgreSQL)."""
+    sql = f"""
+        SELECT (extract(epoch FROM bucket - %s::timestamptz) / 3600)::int, source_site_id, type, sum(n)::bigint
+        FROM {ATTEMPT_TABLE} WHERE bucket >= %s
+        GROUP BY bucket, source_site_id, type HAVING sum(n) <> 0
+    """
+    return [(hour, site, channel, n) for hour, site, channel, n in _rows(sql, [start, start])]
+
+
+# --- both -------------------------------------------------------------------------------------
+
+
+def counts_kept() -> bool:
+    """Whether the database keeps the counts (PostgreSQL, with the triggers installed)."""
+    return connection.vendor == "postgresql"
+
+
+def counts_install(schema_editor: Any) -> None:
+    """Create the triggers and count every existing notification, with writers held off
+    (a SHARE ROW EXCLUSIVE lock, readers go on) so that no change falls between the two."""
+    run = schema_editor.execute
+    run(f"LOCK TABLE {NOTIFICATIONS} IN SHARE ROW EXCLUSIVE MODE")
+    run(TRIGGER_FUNCTION_SQL)
+    for name in TRIGGER_NAMES:
+        run(f"DROP TRIGGER IF EXISTS {name} ON {NOTIFICATIONS}")
+    for sql in TRIGGERS_SQL:
+        run(sql)
+    run(f"DELETE FROM {TABLE}")
+    run(REBUILD_SQL)
+    run(f"ANALYZE {TABLE}")
+
+
+def counts_uninstall(schema_editor: Any) -> None:
+    for name in TRIGGER_NAMES:
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name} ON {NOTIFICATIONS}")
+    schema_editor.execute("DROP FUNCTION IF EXISTS notifications_count_changes()")
+
+
+def counts_rebuild() -> None:
+    """Recount every key from the notifications (after a bulk load with the triggers off),
+    holding writers off meanwhile. PostgreSQL only."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {NOTIFICATIONS} IN SHARE ROW EXCLUSIVE MODE")
+        cursor.execute(f"DELETE FROM {TABLE}")
+        cursor.execute(REBUILD_SQL)
+
+
+def counts_fold(*, rows_max: int = FOLD_ROWS_MAX) -> int:
+    """Sum the rows of each key that has changes not folded yet into one row (the keys of up
+    to ``rows_max`` changes), in the notification counts and the failed-attempt counts;
+    returns the number of rows written, 0 where another fold is running or the counts are not
+    kept. Never changes any key's sum: the rows a fold deletes
+    are exactly the rows whose sums it inserts, in one statement."""
+    if not counts_kept():
+        return 0
+    written = 0
+    with connection.cursor() as cursor:
+        for sql in (FOLD_SQL, ATTEMPT_FOLD_SQL):
+            cursor.execute(sql, {"lock": FOLD_LOCK, "rows": rows_max})
+            written += max(cursor.rowcount, 0)
+    return written
+
+
+def open_counts() -> dict[str, dict[str, int]]:
+    """``{site: {"queue_depth", "parked", "expired"}}`` for the sites with any (PostgreSQL)."""
+    sql = f"""
+        SELECT source_site_id, status, expired, sum(n)::bigint FROM {TABLE}
+        WHERE bucket IS NULL AND status IN ('Pending', 'Retrying', 'Parked')
+        GROUP BY 1, 2, 3 HAVING sum(n) <> 0
+    """
+    counts: dict[str, dict[str, int]] = {}
+    for site, status, expired, n in _rows(sql, []):
+        figures = counts.setdefault(site, {"queue_depth": 0, "parked": 0, "expired": 0})
+        if status == "Parked":
+            figures["parked"] += n
+            if expired:
+                figures["expired"] += n
+        else:
+            figures["queue_depth"] += n
+    return counts
+
+
+def queued_by_channel() -> dict[str, int]:
+    """``{channel: Pending and Retrying rows}`` for the channels with any (PostgreSQL)."""
+    sql = f"""
+        SELECT type, sum(n)::bigint FROM {TABLE}
+        WHERE bucket IS NULL AND status IN ('Pending', 'Retrying')
+        GROUP BY 1 HAVING sum(n) <> 0
+    """
+    return dict(_rows(sql, []))
+
+
+def stuck_counts(before: datetime) -> dict[str, int]:
+    """Pending and Retrying rows queued (created, or last retried or requeued) before
+    ``before``, per site: the sum of the whole minutes before it, plus the rows of its own
+    minute counted from the queued-since index (PostgreSQL)."""
+    sql = f"""
+        SELECT source_site_id, sum(n)::bigint FROM (
+            SELECT source_site_id, n FROM {TABLE}
+            WHERE status IN ('Pending', 'Retrying') AND bucket < date_trunc('minute', %s::timestamptz, 'UTC')
+            UNION ALL
+            SELECT source_site_id, 1 FROM {NOTIFICATIONS}
+            WHERE status IN ('Pending', 'Retrying')
+              AND greatest(created_at, requeued_at) >= date_trunc('minute', %s::timestamptz, 'UTC')
+              AND greatest(created_at, requeued_at) < %s
+        ) AS parts
+        GROUP BY 1 HAVING sum(n) <> 0
+    """
+    return {site: int(n) for site, n in _rows(sql, [before, before, before])}
+
+
+def oldest_queued(sites: Iterable[str]) -> dict[str, datetime]:
+    """The creation time of each site's oldest Pending or Retrying row, one index probe per
+    site and status (PostgreSQL)."""
+    sites = sorted(sites)
+    if not sites:
+        return {}
+    sql = f"""
+        SELECT s.site, least(
+            (SELECT created_at FROM {NOTIFICATIONS} n WHERE n.source_site_id = s.site AND n.status = 'Pending'
+             ORDER BY created_at LIMIT 1),
+            (SELECT created_at FROM {NOTIFICATIONS} n WHERE n.source_site_id = s.site AND n.status = 'Retrying'
+             ORDER BY created_at LIMIT 1))
+        FROM unnest(%s::text[]) AS s(site)
+    """
+    return {site: then for site, then in _rows(sql, [sites]) if then is not None}
+
+
+def hourly_counts(status: str, start: datetime) -> list[tuple[int, str, str, int]]:
+    """``(hour, site, channel, count)`` of the Delivered or Parked rows from ``start`` (a whole
+    hour) on, by the hour of their bucket counted from ``start`` (0 is ``start``'s hour;
+    PostgreSQL)."""
+    sql = f"""
+        SELECT (extract(epoch FROM bucket - %s::timestamptz) / 3600)::int, source_site_id, type, sum(n)::bigint
+        FROM {TABLE} WHERE status = %s AND bucket >= %s
+        GROUP BY bucket, source_site_id, type HAVING sum(n) <> 0
+    """
+    return [(hour, site, channel, n) for hour, site, channel, n in _rows(sql, [start, status, start])]
+
+
+def _rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())

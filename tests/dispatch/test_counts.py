@@ -1,0 +1,244 @@
+"""The counts the database keeps (notifications.counts) equal the live counts of the rows after
+every kind of change: ingest, delivery, parking, an operator's Retry, Discard and Requeue, a
+bulk update, the purge and deletes; folded or not. On PostgreSQL the KPIs and trends read
+them; SQLite counts the rows."""
+
+import hashlib
+import itertools
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.utils import timezone
+
+from notifications import kpis, trends
+from notifications.counts import (
+    counts_fold,
+    counts_kept,
+    counts_rebuild,
+    failed_hourly_counts,
+    hourly_counts,
+    queued_by_channel,
+)
+from notifications.kpis import kpis_compute
+from notifications.models import DeliveryAttempt, FailedAttemptCount, Notification, NotificationCount
+from notifications.operations import notification_discard, notification_requeue, notification_retry
+from notifications.purge import notifications_purge
+from tests.dispatch.conftest import queue, run_pass
+
+Status = Notification.Status
+_n = itertools.count()
+
+
+def make(status, *, age, site="plant-a", channel="email", **fields):
+    n = next(_n)
+    created = timezone.now() - age
+    values = {
+        "notification_id": uuid.uuid4(),
+        "type": channel,
+        "list_name": "Operators",
+        "subject": f"counted {n}",
+        "source_site_id": site,
+        "site_enqueued_at": created,
+        "created_at": created,
+        "status": status,
+        "fingerprint": hashlib.sha256(f"counted {n}".encode()).hexdigest(),
+    }
+    values.update(fields)
+    return Notification(**values)
+
+
+def _hour(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _keys(row: Notification) -> list[tuple[datetime | None, str, str, str, bool]]:
+    """A row's keys as the triggers compute them (notifications.counts.KEYS_SQL), in Python:
+    its totals key (bucket None) and its bucketed key (none for Discarded)."""
+    rest = (row.status, row.source_site_id, row.type, row.expired_at is not None)
+    if row.status == Status.DELIVERED:
+        bucket = _hour(row.delivered_at or row.created_at)
+    elif row.status == Status.PARKED:
+        bucket = _hour(row.expired_at or row.last_attempt_at or row.created_at)
+    elif row.status == Status.DISCARDED:
+        return [(None, *rest)]
+    else:
+        queued = max(row.created_at, row.requeued_at or row.created_at)
+        bucket = queued.astimezone(UTC).replace(second=0, microsecond=0)
+    return [(None, *rest), (bucket, *rest)]
+
+
+def live() -> Counter:
+    return Counter(key for row in Notification.objects.all() for key in _keys(row))
+
+
+def kept() -> Counter:
+    sums: Counter = Counter()
+    for c in NotificationCount.objects.all():
+        bucket = None if c.bucket is None else c.bucket.astimezone(UTC)
+        sums[(bucket, c.status, c.source_site_id, c.type, c.expired)] += c.n
+    return +sums  # keys whose changes sum to 0 hold no rows
+
+
+def failed_live() -> Counter:
+    failed = DeliveryAttempt.objects.exclude(failure_class="").select_related("notification")
+    return Counter((_hour(a.started_at), a.notification.source_site_id, a.notification.type) for a in failed)
+
+
+def failed_kept() -> Counter:
+    sums: Counter = Counter()
+    for c in FailedAttemptCount.objects.all():
+        sums[(c.bucket.astimezone(UTC), c.source_site_id, c.type)] += c.n
+    return +sums
+
+
+def assert_exact():
+    assert kept() == live()
+    assert failed_kept() == failed_live()
+    now = timezone.now()
+    before = now - timedelta(minutes=10)
+    assert kpis._open_figures_kept(before) == kpis._open_figures_counted(before)
+    queued = Notification.objects.filter(status__in=Notification.NON_TERMINAL)
+    assert queued_by_channel() == Counter(queued.values_list("type", flat=True))
+    for hours in (24, 24 * 7):
+        start = _hour(now) - timedelta(hours=hours - 1)
+        counted = [Counter(trends._indexed(rows, start)) for rows in trends._counted_rows(start)]
+        assert [Counter(hourly_counts(status, start)) for status in (Status.DELIVERED, Status.PARKED)] == counted
+        failed = DeliveryAttempt.objects.exclude(failure_class="").filter(started_at__gte=start)
+        assert Counter({(h, site, channel): n for h, site, channel, n in failed_hourly_counts(start)}) == Counter(
+            (
+                int((_hour(a.started_at) - start).total_seconds() // 3600),
+                a.notification.source_site_id,
+                a.notification.type,
+            )
+            for a in failed.select_related("notification")
+        )
+
+
+@pytest.fixture
+def operator(db):
+    return User.objects.create_user("counting-operator", is_staff=True)
+
+
+@pytest.fixture
+def history(postgres_only):
+    """Rows of every status, several sites, channels and ages, inserted in one statement."""
+    now = timezone.now()
+    rows = []
+    for i in range(60):
+        site, channel = f"plant-{i % 3}", ("email", "webhook")[i % 2]
+        age = timedelta(hours=i * 7, minutes=i)
+        rows += [
+            make(Status.PENDING, age=timedelta(minutes=i), site=site, channel=channel),
+            make(Status.RETRYING, age=timedelta(minutes=3 * i), site=site, retry_count=1),
+            make(Status.DELIVERED, age=age, site=site, channel=channel, delivered_at=now - age + timedelta(seconds=3)),
+            make(
+                Status.PARKED,
+                age=age,
+                site=site,
+                last_attempt_at=now - age + timedelta(minutes=1),
+                expired_at=now - age if i % 4 == 0 else None,
+                last_error="Retries exhausted",
+            ),
+            make(Status.DISCARDED, age=age, site=site, discarded_at=now - age + timedelta(hours=1)),
+        ]
+    Notification.objects.bulk_create(rows)
+    attempts = []
+    for i, row in enumerate(rows):
+        if row.status != Status.PENDING:
+            failed = row.status != Status.DELIVERED
+            attempts.append(
+                DeliveryAttempt(
+                    notification=row,
+                    started_at=now - timedelta(hours=i % 200),
+                    outcome="transient" if failed else "success",
+                    failure_class="connection" if failed else "",
+                )
+            )
+    DeliveryAttempt.objects.bulk_create(attempts)
+    return rows
+
+
+def test_counts_are_kept_on_postgresql_only(db):
+    assert counts_kept() == (connection.vendor == "postgresql")
+
+
+def test_inserted_rows_are_counted_by_key(history):
+    assert_exact()
+    assert sum(n for key, n in kept().items() if key[0] is None) == len(history) == 300
+
+
+def test_operator_actions_and_updates_change_the_counts_exactly(history, operator):
+    parked = [row.pk for row in history if row.status == Status.PARKED][:20]
+    assert notification_retry(notification_ids=parked, user=operator).changed == 20
+    assert_exact()
+    waiting = [row.pk for row in history if row.status in (Status.PENDING, Status.RETRYING)][:15]
+    assert notification_discard(notification_ids=waiting, user=operator, reason="obsolete").changed == 15
+    assert_exact()
+    assert notification_requeue(notification_ids=waiting[:5], user=operator).changed == 5
+    assert_exact()
+    # A bulk change of status, site and expiry at once; then one that changes no key.
+    Notification.objects.filter(status=Status.PENDING, source_site_id="plant-1").update(
+        status=Status.PARKED, last_attempt_at=timezone.now(), expired_at=timezone.now()
+    )
+    before = NotificationCount.objects.count()
+    Notification.objects.filter(status=Status.RETRYING).update(claimed_by="w", claimed_until=timezone.now())
+    assert NotificationCount.objects.count() == before  # a claim changes no count
+    assert_exact()
+
+
+def test_attempts_that_fail_or_are_finished_change_the_failed_counts_exactly(history):
+    first = DeliveryAttempt.objects.filter(outcome="success").order_by("id").values_list("id", flat=True)[:30]
+    DeliveryAttempt.objects.filter(id__in=list(first)).update(outcome="transient", failure_class="timeout")
+    assert_exact()
+    some = DeliveryAttempt.objects.exclude(failure_class="").order_by("id").values_list("id", flat=True)[:10]
+    DeliveryAttempt.objects.filter(id__in=list(some)).update(failure_class="", started_at=timezone.now())
+    assert_exact()
+    DeliveryAttempt.objects.filter(id__in=list(first)[:5]).delete()
+    assert_exact()
+
+
+def test_the_purge_and_deletes_take_their_rows_out_of_the_counts(history, settings):
+    settings.OUTBOX_RETENTION_DAYS = 7
+    report = notifications_purge(batch_size=25)
+    assert report.deleted > 0
+    assert_exact()
+    Notification.objects.filter(source_site_id="plant-2").delete()
+    assert_exact()
+
+
+def test_folding_keeps_every_sum_and_leaves_one_row_per_key(history, operator):
+    notification_retry(notification_ids=[row.pk for row in history if row.status == Status.PARKED], user=operator)
+    assert NotificationCount.objects.filter(folded=False).exists()
+    assert counts_fold(rows_max=10) > 0  # a partial fold is still exact
+    assert_exact()
+    while counts_fold():
+        pass
+    assert not NotificationCount.objects.filter(folded=False).exists()
+    keys = Counter(NotificationCount.objects.values_list("bucket", "status", "source_site_id", "type", "expired"))
+    assert set(keys.values()) == {1}
+    assert_exact()
+    NotificationCount.objects.all().delete()
+    counts_rebuild()
+    assert_exact()
+
+
+def test_ingest_and_delivery_through_the_dispatcher_are_counted(postgres_only, smtp_config, operators_list):
+    queue(7, site_id="plant-a")
+    queue(3, site_id="plant-b")
+    assert_exact()
+    report = run_pass()
+    assert report.claimed == 10
+    assert Notification.objects.filter(status=Status.DELIVERED).count() == 10
+    assert not NotificationCount.objects.filter(folded=False).exists()  # the pass folded its changes
+    assert_exact()
+    figures = kpis_compute()["global"]
+    assert (figures["queue_depth"], figures["delivered_last_interval"]) == (0, 10)
+    queue(2, site_id="plant-a")
+    site = kpis_compute()["per_site"]["plant-a"]
+    # Whole numbers, as the API has always served them (not 2.0 from a database sum).
+    assert [type(site[key]) for key in ("queue_depth", "stuck", "parked", "expired")] == [int] * 4
+    assert site["queue_depth"] == 2
