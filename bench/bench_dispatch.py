@@ -5,8 +5,9 @@ tests' aiosmtpd server with ``--sink aiosmtpd``), in one run:
    persistent connections — what the sink and this machine can take at all.
 2. **Throughput**: ``--count`` queued notifications delivered by ``--processes`` dispatcher
    processes (``manage.py dispatch --once``) with the same total concurrency, over the delivery
-   window (first attempt started → last row delivered, as bench_scaleout measures it: the
-   processes' start-up is not dispatch; the wall time including it is reported beside it);
+   window (first attempt started → last row delivered, as bench_scaleout measures it; the
+   processes start claiming together once all are up: their start-up is not dispatch, and the
+   wall time including it is reported beside it);
    every message is verified received exactly once (by X-Notification-Id). Then the same for ``--rich-count``
    rich notifications (an HTML alarm table and a 100 KB attachment, composed with the email
    package), beside their own raw ceiling (the same rich messages composed and sent by bare
@@ -173,7 +174,8 @@ def dispatch_throughput(
 ) -> dict[str, Any]:
     """``count`` notifications queued, then delivered by ``processes`` dispatcher processes:
     throughput over the delivery window, as bench_scaleout measures it (the first attempt's
-    start → the last row's delivery, on the database clock), so that the processes' start-up
+    start → the last row's delivery, on the database clock), the processes released together
+    once all are up (:func:`~bench.common.dispatchers_run`'s gate), so that their start-up
     (Python, Django, imports: about a second each, paid once by a long-running dispatcher) is
     not counted as dispatch; the wall time from starting them to their exit is kept beside it."""
     from django.db.models import Max, Min
@@ -186,7 +188,7 @@ def dispatch_throughput(
     ids = ingest_backlog(count, type_data)
     per_process = max(1, concurrency // processes)
     started = time.perf_counter()
-    dispatchers_run(url=url, processes=processes, concurrency=per_process, batch_size=batch_size)
+    dispatchers_run(url=url, processes=processes, concurrency=per_process, batch_size=batch_size, gate=True)
     wall = time.perf_counter() - started
     received = sink.stop()
     counts = Counter(received)
