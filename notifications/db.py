@@ -286,7 +286,7 @@ def _storable_as_is(value: dict[Any, Any] | list[Any]) -> bool:
     try:
         text = json.dumps(value, ensure_ascii=False, default=str)
         text.encode("utf-8")
-    except (TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+    except Exception:  # noqa: BLE001 - whatever JSON cannot write as it is goes the careful way
         return False
     return "\\u0000" not in text
 
