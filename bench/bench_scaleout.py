@@ -4,9 +4,10 @@
 
 A relay's latency, not this machine's CPU, bounds such a fleet: the ideal is
 ``processes × concurrency / 0.05 s``. Per worker count: a backlog of ``--seconds`` worth of
-that ideal is queued, the processes are started together, and throughput is the number of
-messages over the delivery window (first attempt started → last row delivered, from the
-database: process start-up is not dispatch). Every message must reach the sink exactly once
+that ideal is queued, the processes are started and released together once every one is up
+(their first claims wait on a table lock until then), and throughput is the number of messages
+over the delivery window (first attempt started → last row delivered, from the database:
+process start-up is not dispatch, neither one's own nor the others' beside it). Every message must reach the sink exactly once
 (by X-Notification-Id) and every row read Delivered.
 
 Targets: each run ≥ 0.8 × its ideal; 2 processes ≥ 1.8 × the throughput of 1.
@@ -78,7 +79,7 @@ def run(url: str, *, processes: int, concurrency: int, seconds: float, batch_siz
     configure(sink.port)
     ids = ingest_backlog(count)
     started = time.perf_counter()
-    codes = dispatchers_run(url=url, processes=processes, concurrency=concurrency, batch_size=batch_size)
+    codes = dispatchers_run(url=url, processes=processes, concurrency=concurrency, batch_size=batch_size, gate=True)
     wall = time.perf_counter() - started
     received = sink.stop()
     counts = Counter(received)

@@ -11,6 +11,7 @@ the same run wherever the issue defines one, because these machines are noisy.
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,23 +89,56 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
-def dispatchers_run(*, url: str, processes: int, concurrency: int, batch_size: int) -> list[int]:
+def dispatchers_run(*, url: str, processes: int, concurrency: int, batch_size: int, gate: bool = False) -> list[int]:
     """Run ``processes`` dispatcher processes (``manage.py dispatch --once``, ``concurrency``
     threads each) on the database at ``url`` until each has drained what is due; their exit
-    codes."""
-    workers = [
-        manage(
-            "dispatch",
-            "--once",
-            "-v0",
-            "--concurrency",
-            str(concurrency),
-            "--batch-size",
-            str(batch_size),
-            database=url,
-            stdout=None,
-            stderr=None,
-        )
-        for _ in range(processes)
-    ]
+    codes.
+
+    With ``gate`` they start delivering together, once every one of them is up: the table of
+    notifications is locked (EXCLUSIVE: plain reads pass, claims wait) until each process waits
+    at its first claim, so that no process's start-up (Python, Django, imports: about a second
+    of CPU each) runs beside the others' deliveries and counts as dispatch."""
+    import psycopg
+
+    holder = psycopg.connect(url) if gate else None
+    try:
+        if holder is not None:
+            holder.execute("LOCK TABLE notifications_notification IN EXCLUSIVE MODE")
+        workers = [
+            manage(
+                "dispatch",
+                "--once",
+                "-v0",
+                "--concurrency",
+                str(concurrency),
+                "--batch-size",
+                str(batch_size),
+                database=url,
+                stdout=None,
+                stderr=None,
+            )
+            for _ in range(processes)
+        ]
+        if holder is not None:
+            _wait_for_lock_waiters(url, processes, holder.info.backend_pid)
+            holder.commit()  # the lock goes: every process claims at once
+    finally:
+        if holder is not None:
+            holder.close()
     return [worker.wait() for worker in workers]
+
+
+def _wait_for_lock_waiters(url: str, count: int, holder_pid: int, timeout: float = 120) -> None:
+    """Wait until ``count`` sessions wait for the lock held by the session ``holder_pid``."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [holder_pid]
+            ).fetchone()
+            if row is not None and row[0] >= count:
+                return
+            time.sleep(0.02)
+    raise RuntimeError(f"the dispatchers did not all reach their first claim within {timeout:g} s")

@@ -176,7 +176,7 @@ def notifications_claim_due(
                 claim.probes.update(row.pk for row in taken)
             claim.rows += taken
         if claim.rows:
-            Notification.objects.filter(pk__in=[row.pk for row in claim.rows]).update(
+            Notification.objects.filter(db.pk_in([row.pk for row in claim.rows])).update(
                 claimed_by=worker_id, claimed_until=until
             )
     for row in claim.rows:
@@ -250,8 +250,11 @@ def delivery_attempts_record(
     """Record one in-progress attempt per claimed notification, started at ``now``, before any
     network call: an attempt cut short by a crash stays in the audit as in progress. Returns
     the attempts by notification id."""
-    attempts = DeliveryAttempt.objects.bulk_create(
-        [DeliveryAttempt(notification_id=row.pk, started_at=now, worker=worker_id[:64]) for row in notifications]
+    attempts = db.insert_for_each(
+        DeliveryAttempt,
+        column="notification_id",
+        values=[row.pk for row in notifications],
+        common={"started_at": now, "worker": worker_id[:64]},
     )
     return {attempt.notification_id: attempt for attempt in attempts}
 
@@ -367,7 +370,7 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
     with transaction.atomic():
         for (channel_name, claimed_status, kind, _), (changes, rows) in groups.items():
             updated = Notification.objects.filter(
-                pk__in=[row.pk for row in rows], status=claimed_status, claimed_by=worker_id
+                db.pk_in([row.pk for row in rows]), status=claimed_status, claimed_by=worker_id
             ).update(**changes)
             setattr(report, kind, getattr(report, kind) + updated)
             report.lost += len(rows) - updated

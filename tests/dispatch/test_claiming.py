@@ -4,6 +4,8 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from notifications.adapters.base import DeliveryError, DeliveryResult
@@ -173,3 +175,47 @@ def test_a_pass_out_of_time_says_more_is_due(smtp_server, smtp_config):
     queue(3)
     report = run_pass(time_budget=0)
     assert (report.claimed, report.more_due) == (0, True)
+
+
+def claim_record_finish(worker_id, count):
+    """Claim ``count`` due rows, record their attempts and finish them delivered, as a dispatch
+    batch does; the number of queries that took."""
+    queue(count)
+    targets = [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 250}]
+    with CaptureQueriesContext(connection) as captured:
+        rows = notifications_claim_due(worker_id=worker_id, limit=count).rows
+        attempts = delivery_attempts_record(worker_id=worker_id, notifications=rows, now=timezone.now())
+        report = notifications_finish(
+            worker_id=worker_id,
+            outcomes=[
+                Finish(
+                    notification=row,
+                    attempt=attempts[row.pk],
+                    outcome=DeliveryOutcome(result=DeliveryResult(targets=targets, detail={"smtp_code": 250})),
+                    channel=channel_with(),
+                )
+                for row in rows
+            ],
+        )
+    assert (len(rows), report.delivered) == (count, count)
+    return len(captured.captured_queries)
+
+
+def test_a_batch_costs_the_same_statements_whatever_its_size(db):
+    # Claiming, recording the attempts and finishing are set-wise: a batch of 40 rows takes
+    # exactly the statements a batch of 2 takes, never one per row.
+    assert claim_record_finish("small", 2) == claim_record_finish("large", 40)
+
+
+def test_recorded_attempts_are_the_stored_rows_in_progress(db):
+    queue(3)
+    rows = notifications_claim_due(worker_id="w1", limit=3).rows
+    now = timezone.now()
+    attempts = delivery_attempts_record(worker_id="w1", notifications=rows, now=now)
+    assert set(attempts) == {row.pk for row in rows}
+    stored = {attempt.pk: attempt for attempt in DeliveryAttempt.objects.all()}
+    assert len(stored) == 3
+    for notification_id, attempt in attempts.items():
+        row = stored[attempt.pk]
+        assert (row.notification_id, row.started_at, row.worker) == (notification_id, now, "w1")
+        assert (row.outcome, row.duration_ms, row.detail) == (DeliveryAttempt.Outcome.IN_PROGRESS, None, {})

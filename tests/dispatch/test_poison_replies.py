@@ -47,3 +47,13 @@ def test_a_refusal_with_control_characters_parks_with_the_reply_escaped(smtp_ser
 def test_the_storage_seam_escapes_nul_and_replaces_unpaired_surrogates_at_any_depth():
     value = {"reply\x00": ["a\x00b", {"x": "\ud800"}], "code": 250}
     assert db.storable(value) == {"reply\\x00": ["a\\x00b", {"x": "\ufffd"}], "code": 250}
+
+
+def test_the_storage_seam_leaves_clean_values_as_they_are():
+    # The common case is checked in one pass; text that merely looks like an escape stays text.
+    value = {"targets": [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 250}], "note": "\\u0000"}
+    assert db.storable(value) == {
+        "targets": [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 250}],
+        "note": "\\u0000",
+    }
+    assert db.storable(["é ✓", 1.5, None, True]) == ["é ✓", 1.5, None, True]
