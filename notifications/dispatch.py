@@ -616,6 +616,7 @@ def dispatch_pass(
     contexts: dict[str, _TypeContext] = {}
     # Shared by the pass's batches: per type, channel failures in a row as deliveries complete.
     streaks = _Streaks()
+    pace = _Pace()
     active: list[_Batch] = []  # batches with deliveries queued or running
     drained = False  # a claim found fewer rows than asked: nothing more is due (or claimable)
     try:
@@ -629,10 +630,11 @@ def dispatch_pass(
                 if claiming and in_flight <= concurrency:
                     # The database clock, read once per batch: one query, not one per result.
                     clock = database_clock()
+                    limit = pace.claim_size(batch_size=batch_size, concurrency=concurrency)
                     claim = notifications_claim_due(
-                        worker_id=worker_id, limit=batch_size, now=clock.now(), channels=channels
+                        worker_id=worker_id, limit=limit, now=clock.now(), channels=channels
                     )
-                    if len(claim.rows) < batch_size:
+                    if len(claim.rows) < limit:
                         drained = True  # the next trigger, wake-up or sweep takes what comes later
                     if not claim.rows:
                         continue
@@ -645,6 +647,7 @@ def dispatch_pass(
                         channels=channels,
                         report=report,
                         streaks=streaks,
+                        pace=pace,
                     )
                     batch.start(claim, pool=pool, stop=stop, deadline=deadline)
                     active.append(batch)
@@ -760,12 +763,42 @@ APPLY_WINDOW_SECONDS = 0.02
 
 
 @dataclass
-@dataclass
 class _Streaks:
     """Per type: channel failures in a row, as the deliveries of a pass complete."""
 
     counts: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+# A claim takes no more rows than the pass's threads can start within about this long at the
+# pace deliveries have been taking (and never more than the batch size): rows a worker has
+# claimed but cannot start soon are rows the other workers cannot take. Against a slow relay
+# (50 ms a message, 16 threads) a claim is about 80 rows, so that when a backlog runs out no
+# worker is left with hundreds of rows while the others idle; against a fast one it is the
+# whole batch, whose fixed cost (claim, attempts, clock) is then shared by the most rows.
+CLAIM_HORIZON_SECONDS = 0.25
+
+
+@dataclass
+class _Pace:
+    """How long this pass's deliveries take (a moving average), for the size of its claims."""
+
+    seconds: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, duration_ms: int) -> None:
+        seconds = max(duration_ms, 1) / 1000
+        with self.lock:
+            self.seconds = seconds if self.seconds is None else 0.8 * self.seconds + 0.2 * seconds
+
+    def claim_size(self, *, batch_size: int, concurrency: int) -> int:
+        """The rows to claim next: the batch size until a delivery has been timed, then what
+        ``concurrency`` threads start within CLAIM_HORIZON_SECONDS, between ``concurrency``
+        and ``batch_size``."""
+        if self.seconds is None:
+            return batch_size
+        rounds = max(1, int(CLAIM_HORIZON_SECONDS / self.seconds))
+        return max(1, min(batch_size, max(concurrency, concurrency * rounds)))
 
 
 def _batches_collect(active: list["_Batch"]) -> None:
@@ -794,6 +827,7 @@ class _Batch:
     channels: dict[str, Channel]
     report: PassReport
     streaks: _Streaks = field(default_factory=_Streaks)
+    pace: _Pace = field(default_factory=_Pace)
     futures: set[Future["Finish"]] = field(default_factory=set)  # deliveries queued or running
 
     def start(self, claim: Claim, *, pool: ThreadPoolExecutor, stop: threading.Event, deadline: float) -> None:
@@ -843,6 +877,8 @@ class _Batch:
             # No wait of the adapter's may outlive the claim: another worker would send again.
             with delivery_deadline(lease_deadline - lease_margin):
                 outcome = notification_deliver(notification=row, targets=targets, session=context.session)
+            if outcome.adapter_called:
+                self.pace.observe(outcome.duration_ms)
             failure = outcome.error.failure_class if outcome.error is not None else None
             with streaks.lock:
                 if failure in CHANNEL_FAILURES:

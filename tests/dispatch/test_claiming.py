@@ -10,8 +10,10 @@ from django.utils import timezone
 
 from notifications.adapters.base import DeliveryError, DeliveryResult
 from notifications.dispatch import (
+    CLAIM_HORIZON_SECONDS,
     DeliveryOutcome,
     Finish,
+    _Pace,
     delivery_attempts_record,
     notifications_claim_due,
     notifications_finish,
@@ -219,3 +221,31 @@ def test_recorded_attempts_are_the_stored_rows_in_progress(db):
         row = stored[attempt.pk]
         assert (row.notification_id, row.started_at, row.worker) == (notification_id, now, "w1")
         assert (row.outcome, row.duration_ms, row.detail) == (DeliveryAttempt.Outcome.IN_PROGRESS, None, {})
+
+
+def test_claims_shrink_to_what_the_threads_start_soon_at_a_slow_relays_pace():
+    pace = _Pace()
+    assert pace.claim_size(batch_size=200, concurrency=16) == 200  # nothing timed yet
+    for _ in range(20):
+        pace.observe(55)  # a relay answering after about 50 ms
+    assert pace.claim_size(batch_size=200, concurrency=16) == 16 * int(CLAIM_HORIZON_SECONDS / 0.055)
+    for _ in range(40):
+        pace.observe(2)  # a fast relay: the whole batch shares a claim's fixed cost
+    assert pace.claim_size(batch_size=200, concurrency=16) == 200
+    for _ in range(40):
+        pace.observe(10_000)  # a relay timing out: still one delivery per thread
+    assert pace.claim_size(batch_size=200, concurrency=16) == 16
+    assert pace.claim_size(batch_size=5, concurrency=16) == 5  # never more than the batch size
+
+
+@pytest.mark.usefixtures("operators_list")
+def test_a_pass_against_a_slow_relay_claims_in_smaller_batches_and_delivers_everything(smtp_server, smtp_config):
+    smtp_server.behave("accept", delay_seconds=0.05)
+    queue(90)
+    report = run_pass(batch_size=50, concurrency=4)
+    # The first claim takes the batch size (50); once deliveries are timed (~50 ms), a claim
+    # takes what 4 threads start within the horizon (about 16 rows): the other 40 rows take at
+    # least three claims, where claims of the batch size would have taken one.
+    assert report.delivered == 90 and smtp_server.count == 90
+    assert report.batches >= 1 + 3
+    assert Notification.objects.filter(status=Status.DELIVERED).count() == 90
