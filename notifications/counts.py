@@ -32,7 +32,7 @@ their notification (as the purge and Django's cascade do).
 SQLite has no such triggers: there :func:`counts_kept` is False and the callers count the rows.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -55,45 +55,61 @@ KEYS_SQL = """
     WHERE v.total OR v.bucket IS NOT NULL"""
 KEY_COLUMNS = "bucket, status, source_site_id, type, expired"
 
-TRIGGER_FUNCTION_SQL = f"""
-CREATE OR REPLACE FUNCTION notifications_count_changes() RETURNS trigger LANGUAGE plpgsql AS $$
+
+def _count_trigger_function_sql(function: str, table: str, key_columns: str, rows_sql: str) -> str:
+    """A trigger function adding to ``table`` the per-key changes of a statement: the key rows
+    ``rows_sql`` finds in its transition tables (``{source}``: new_rows, old_rows) counted up
+    for inserted rows, down for deleted ones, both for updated ones (keys left unchanged add
+    nothing); a TRUNCATE empties ``table``."""
+    added, removed = rows_sql.format(source="new_rows"), rows_sql.format(source="old_rows")
+    return f"""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
-        SELECT {KEY_COLUMNS}, count(*), false FROM ({KEYS_SQL.format(source="new_rows")}) AS k
-        GROUP BY {KEY_COLUMNS};
+        INSERT INTO {table} ({key_columns}, n, folded)
+        SELECT {key_columns}, count(*), false FROM ({added}) AS k
+        GROUP BY {key_columns};
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
-        SELECT {KEY_COLUMNS}, -count(*), false FROM ({KEYS_SQL.format(source="old_rows")}) AS k
-        GROUP BY {KEY_COLUMNS};
+        INSERT INTO {table} ({key_columns}, n, folded)
+        SELECT {key_columns}, -count(*), false FROM ({removed}) AS k
+        GROUP BY {key_columns};
     ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
-        SELECT {KEY_COLUMNS}, sum(d), false FROM (
-            SELECT *, 1 AS d FROM ({KEYS_SQL.format(source="new_rows")}) AS added
+        INSERT INTO {table} ({key_columns}, n, folded)
+        SELECT {key_columns}, sum(d), false FROM (
+            SELECT *, 1 AS d FROM ({added}) AS added
             UNION ALL
-            SELECT *, -1 AS d FROM ({KEYS_SQL.format(source="old_rows")}) AS removed
+            SELECT *, -1 AS d FROM ({removed}) AS removed
         ) AS k
-        GROUP BY {KEY_COLUMNS} HAVING sum(d) <> 0;
+        GROUP BY {key_columns} HAVING sum(d) <> 0;
     ELSE  -- TRUNCATE
-        DELETE FROM {TABLE};
+        DELETE FROM {table};
     END IF;
     RETURN NULL;
 END
 $$
 """
 
-TRIGGERS_SQL = [
-    f"CREATE TRIGGER notif_count_insert AFTER INSERT ON {NOTIFICATIONS} REFERENCING NEW TABLE AS new_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_changes()",
-    f"CREATE TRIGGER notif_count_update AFTER UPDATE ON {NOTIFICATIONS} "
-    "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_changes()",
-    f"CREATE TRIGGER notif_count_delete AFTER DELETE ON {NOTIFICATIONS} REFERENCING OLD TABLE AS old_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_changes()",
-    f"CREATE TRIGGER notif_count_truncate AFTER TRUNCATE ON {NOTIFICATIONS} "
-    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_changes()",
-]
-TRIGGER_NAMES = ("notif_count_insert", "notif_count_update", "notif_count_delete", "notif_count_truncate")
+
+def _count_triggers_sql(prefix: str, table: str, function: str) -> tuple[tuple[str, ...], list[str]]:
+    """The names and the statements of the four statement-level triggers that run
+    ``function`` on ``table`` (named ``<prefix>_insert``, ``_update``, ``_delete``, ``_truncate``)."""
+    transitions = {
+        "insert": "REFERENCING NEW TABLE AS new_rows ",
+        "update": "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows ",
+        "delete": "REFERENCING OLD TABLE AS old_rows ",
+        "truncate": "",
+    }
+    names = tuple(f"{prefix}_{event}" for event in transitions)
+    statements = [
+        f"CREATE TRIGGER {prefix}_{event} AFTER {event.upper()} ON {table} {referencing}"
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+        for event, referencing in transitions.items()
+    ]
+    return names, statements
+
+
+TRIGGER_FUNCTION_SQL = _count_trigger_function_sql("notifications_count_changes", TABLE, KEY_COLUMNS, KEYS_SQL)
+TRIGGER_NAMES, TRIGGERS_SQL = _count_triggers_sql("notif_count", NOTIFICATIONS, "notifications_count_changes")
 
 # Recounts every key from the notifications themselves (installation, and after a bulk load
 # made with the triggers disabled).
@@ -143,48 +159,11 @@ FAILED_SQL = f"""
     WHERE a.failure_class <> ''"""
 ATTEMPT_KEY = "bucket, source_site_id, type"
 
-ATTEMPT_TRIGGER_FUNCTION_SQL = f"""
-CREATE OR REPLACE FUNCTION notifications_count_failed_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
-        SELECT {ATTEMPT_KEY}, count(*), false FROM ({FAILED_SQL.format(source="new_rows")}) AS k
-        GROUP BY {ATTEMPT_KEY};
-    ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
-        SELECT {ATTEMPT_KEY}, -count(*), false FROM ({FAILED_SQL.format(source="old_rows")}) AS k
-        GROUP BY {ATTEMPT_KEY};
-    ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
-        SELECT {ATTEMPT_KEY}, sum(d), false FROM (
-            SELECT *, 1 AS d FROM ({FAILED_SQL.format(source="new_rows")}) AS added
-            UNION ALL
-            SELECT *, -1 AS d FROM ({FAILED_SQL.format(source="old_rows")}) AS removed
-        ) AS k
-        GROUP BY {ATTEMPT_KEY} HAVING sum(d) <> 0;
-    ELSE  -- TRUNCATE
-        DELETE FROM {ATTEMPT_TABLE};
-    END IF;
-    RETURN NULL;
-END
-$$
-"""
-ATTEMPT_TRIGGERS_SQL = [
-    f"CREATE TRIGGER attempt_count_insert AFTER INSERT ON {ATTEMPTS} REFERENCING NEW TABLE AS new_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
-    f"CREATE TRIGGER attempt_count_update AFTER UPDATE ON {ATTEMPTS} "
-    "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
-    f"CREATE TRIGGER attempt_count_delete AFTER DELETE ON {ATTEMPTS} REFERENCING OLD TABLE AS old_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
-    f"CREATE TRIGGER attempt_count_truncate AFTER TRUNCATE ON {ATTEMPTS} "
-    "FOR EACH STATEMENT EXECUTE FUNCTION notifications_count_failed_attempts()",
-]
-ATTEMPT_TRIGGER_NAMES = (
-    "attempt_count_insert",
-    "attempt_count_update",
-    "attempt_count_delete",
-    "attempt_count_truncate",
+ATTEMPT_TRIGGER_FUNCTION_SQL = _count_trigger_function_sql(
+    "notifications_count_failed_attempts", ATTEMPT_TABLE, ATTEMPT_KEY, FAILED_SQL
+)
+ATTEMPT_TRIGGER_NAMES, ATTEMPT_TRIGGERS_SQL = _count_triggers_sql(
+    "attempt_count", ATTEMPTS, "notifications_count_failed_attempts"
 )
 ATTEMPT_REBUILD_SQL = f"""
 INSERT INTO {ATTEMPT_TABLE} ({ATTEMPT_KEY}, n, folded)
@@ -210,22 +189,19 @@ SELECT {ATTEMPT_KEY}, sum(n), true FROM gone GROUP BY {ATTEMPT_KEY} HAVING sum(n
 def failed_attempts_install(schema_editor: Any) -> None:
     """Create the attempts' triggers and count every existing failed attempt, with writers of
     attempts held off meanwhile."""
-    run = schema_editor.execute
-    run(f"LOCK TABLE {ATTEMPTS} IN SHARE ROW EXCLUSIVE MODE")
-    run(ATTEMPT_TRIGGER_FUNCTION_SQL)
-    for name in ATTEMPT_TRIGGER_NAMES:
-        run(f"DROP TRIGGER IF EXISTS {name} ON {ATTEMPTS}")
-    for sql in ATTEMPT_TRIGGERS_SQL:
-        run(sql)
-    run(f"DELETE FROM {ATTEMPT_TABLE}")
-    run(ATTEMPT_REBUILD_SQL)
-    run(f"ANALYZE {ATTEMPT_TABLE}")
+    _install(
+        schema_editor,
+        table=ATTEMPTS,
+        function_sql=ATTEMPT_TRIGGER_FUNCTION_SQL,
+        trigger_names=ATTEMPT_TRIGGER_NAMES,
+        triggers_sql=ATTEMPT_TRIGGERS_SQL,
+        counts_table=ATTEMPT_TABLE,
+        rebuild_sql=ATTEMPT_REBUILD_SQL,
+    )
 
 
 def failed_attempts_uninstall(schema_editor: Any) -> None:
-    for name in ATTEMPT_TRIGGER_NAMES:
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name} ON {ATTEMPTS}")
-    schema_editor.execute("DROP FUNCTION IF EXISTS notifications_count_failed_attempts()")
+    _uninstall(schema_editor, ATTEMPTS, ATTEMPT_TRIGGER_NAMES, "notifications_count_failed_attempts")
 
 
 def failed_hourly_counts(start: datetime) -> list[tuple[int, str, str, int]]:
@@ -250,22 +226,49 @@ def counts_kept() -> bool:
 def counts_install(schema_editor: Any) -> None:
     """Create the triggers and count every existing notification, with writers held off
     (a SHARE ROW EXCLUSIVE lock, readers go on) so that no change falls between the two."""
-    run = schema_editor.execute
-    run(f"LOCK TABLE {NOTIFICATIONS} IN SHARE ROW EXCLUSIVE MODE")
-    run(TRIGGER_FUNCTION_SQL)
-    for name in TRIGGER_NAMES:
-        run(f"DROP TRIGGER IF EXISTS {name} ON {NOTIFICATIONS}")
-    for sql in TRIGGERS_SQL:
-        run(sql)
-    run(f"DELETE FROM {TABLE}")
-    run(REBUILD_SQL)
-    run(f"ANALYZE {TABLE}")
+    _install(
+        schema_editor,
+        table=NOTIFICATIONS,
+        function_sql=TRIGGER_FUNCTION_SQL,
+        trigger_names=TRIGGER_NAMES,
+        triggers_sql=TRIGGERS_SQL,
+        counts_table=TABLE,
+        rebuild_sql=REBUILD_SQL,
+    )
 
 
 def counts_uninstall(schema_editor: Any) -> None:
-    for name in TRIGGER_NAMES:
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name} ON {NOTIFICATIONS}")
-    schema_editor.execute("DROP FUNCTION IF EXISTS notifications_count_changes()")
+    _uninstall(schema_editor, NOTIFICATIONS, TRIGGER_NAMES, "notifications_count_changes")
+
+
+def _install(
+    schema_editor: Any,
+    *,
+    table: str,
+    function_sql: str,
+    trigger_names: Sequence[str],
+    triggers_sql: Sequence[str],
+    counts_table: str,
+    rebuild_sql: str,
+) -> None:
+    """(Re)create ``table``'s count triggers and recount ``counts_table`` from its rows, with
+    the writers of ``table`` held off meanwhile (readers go on)."""
+    run = schema_editor.execute
+    run(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")
+    run(function_sql)
+    for name in trigger_names:
+        run(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+    for sql in triggers_sql:
+        run(sql)
+    run(f"DELETE FROM {counts_table}")
+    run(rebuild_sql)
+    run(f"ANALYZE {counts_table}")
+
+
+def _uninstall(schema_editor: Any, table: str, trigger_names: Sequence[str], function: str) -> None:
+    for name in trigger_names:
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+    schema_editor.execute(f"DROP FUNCTION IF EXISTS {function}()")
 
 
 def counts_rebuild() -> None:
