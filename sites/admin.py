@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from rest_framework_api_key.models import APIKey
 
+from notifications.admin.common import ReadOnlyRecords
 from notifications.clock import database_now
 from notifications.models import Notification
 from sites.models import Site, SiteAPIKey, SiteCommand, SiteHeartbeat, SiteParkedNotification
@@ -343,7 +344,7 @@ class DiscardAtSiteForm(forms.Form):
     )
 
 
-class SiteRecordAdmin(admin.ModelAdmin):
+class SiteRecordAdmin(ReadOnlyRecords, admin.ModelAdmin):
     """A record kept for a site's notification (a report from the site, a command to it):
     read-only in the console (operators act only through commands), found by a full
     notification id or the admin's search fields."""
@@ -353,15 +354,6 @@ class SiteRecordAdmin(admin.ModelAdmin):
             return queryset.filter(notification_id=uuid.UUID(search_term.strip())), False
         except ValueError:
             return super().get_search_results(request, queryset, search_term)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(SiteParkedNotification)

@@ -28,3 +28,17 @@ def missing_object_redirect(
         request, f"{name} with ID “{unquote(object_id)}” doesn’t exist. Perhaps it was deleted?", messages.WARNING
     )
     return HttpResponseRedirect(reverse("admin:index", current_app=model_admin.admin_site.name))
+
+
+class ReadOnlyRecords:
+    """For a model admin whose rows are a record: nobody adds, changes or deletes them in the
+    console (its own actions, such as Retry or Discard, are separate permissions)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

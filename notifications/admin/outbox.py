@@ -28,7 +28,7 @@ from django.utils.safestring import SafeString
 
 from notifications import db
 from notifications.adapters.base import targets_summary
-from notifications.admin.common import json_block, missing_object_redirect
+from notifications.admin.common import ReadOnlyRecords, json_block, missing_object_redirect
 from notifications.admin.filters import (
     CreatedRangeFilter,
     DeliveryFilter,
@@ -144,7 +144,7 @@ STATUS_CSS: dict[str, str] = {
 
 
 @admin.register(Notification)
-class NotificationAdmin(OutboxConsoleViews, admin.ModelAdmin):
+class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
     list_display = (
         "short_id",
         "status_badge",
@@ -236,16 +236,6 @@ class NotificationAdmin(OutboxConsoleViews, admin.ModelAdmin):
     class Media:
         css = {"all": ["notifications/admin.css", "notifications/outbox.css"]}
         js = ["notifications/outbox.js"]
-
-    # Rows are an audit record: nobody adds, edits or deletes them here (docs/architecture.md).
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_retry_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("notifications.retry_notification")
