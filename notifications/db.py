@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, transaction
-from django.db.models import F, Field, Func, IntegerField, Lookup, Model, Q, QuerySet, TextField
+from django.db.models import F, Field, Func, Index, IntegerField, Lookup, Model, OrderBy, Q, QuerySet, TextField
 from django.utils import timezone
 
 ModelT = TypeVar("ModelT", bound=Model)
@@ -44,6 +44,28 @@ def lock_skipping_locked(queryset: QuerySet[ModelT]) -> QuerySet[ModelT]:
     if connection.features.has_select_for_update_skip_locked:
         return queryset.select_for_update(skip_locked=True)
     return queryset
+
+
+class NullsFirstIndex(Index):
+    """An index on one column in ``ASC NULLS FIRST`` order, for queries ordered that way (the
+    claim takes rows without a due time first): a plain ascending index does not serve that
+    order on PostgreSQL, which then sorts every matching row. SQLite already sorts NULLs first
+    in ascending order, and refuses NULLS FIRST in CREATE INDEX: there it is a plain index."""
+
+    def __init__(self, field_name: str, *, name: str, condition: Q | None = None) -> None:
+        super().__init__(OrderBy(F(field_name), nulls_first=True), name=name, condition=condition)
+        self.field_name = field_name
+
+    def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        path, _, kwargs = super().deconstruct()
+        kwargs.pop("fields", None)
+        return path, (self.field_name,), kwargs
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if schema_editor.connection.vendor == "sqlite":
+            plain = Index(fields=[self.field_name], name=self.name, condition=self.condition)
+            return plain.create_sql(model, schema_editor, using=using, **kwargs)
+        return super().create_sql(model, schema_editor, using=using, **kwargs)
 
 
 # --- rows by primary key ------------------------------------------------------------------------

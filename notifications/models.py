@@ -13,6 +13,7 @@ from django.utils import timezone
 from notifications.adapters import TYPE_CHOICES
 from notifications.adapters.base import FailureClass
 from notifications.backoff import STRATEGIES
+from notifications.db import NullsFirstIndex
 from notifications.fields import EncryptedTextField
 
 
@@ -93,9 +94,10 @@ class Notification(models.Model):
         ordering = ["-created_at"]
         indexes = [
             # Dispatch: due rows, non-terminal only, so the index stays small when the table
-            # is mostly terminal.
-            models.Index(
-                fields=["next_attempt_at"],
+            # is mostly terminal; in the claim's order (rows without a due time first), so that
+            # a claim reads its rows off the index instead of sorting the whole backlog.
+            NullsFirstIndex(
+                "next_attempt_at",
                 name="notif_due_idx",
                 condition=models.Q(status__in=list(NON_TERMINAL)),
             ),

@@ -249,3 +249,23 @@ def test_a_pass_against_a_slow_relay_claims_in_smaller_batches_and_delivers_ever
     assert report.delivered == 90 and smtp_server.count == 90
     assert report.batches >= 1 + 3
     assert Notification.objects.filter(status=Status.DELIVERED).count() == 90
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_a_claim_reads_its_rows_off_the_due_index_without_sorting_the_backlog(db):
+    # Rows without a due time come first: an index in any other order leaves PostgreSQL to
+    # sort every waiting row on each claim (17 ms a claim at 20,000 queued, growing with the
+    # backlog).
+    queue(3)
+    with CaptureQueriesContext(connection) as queries:
+        notifications_claim_due(worker_id="w1", limit=2)
+    (claim_sql,) = [q["sql"] for q in queries.captured_queries if "FOR UPDATE SKIP LOCKED" in q["sql"]]
+    with connection.cursor() as cursor:
+        # A three-row table would be read whole: the plan shows whether the index can serve the
+        # claim's order (where it cannot, the sort stays however dear it is made).
+        for setting in ("enable_seqscan", "enable_bitmapscan", "enable_sort"):
+            cursor.execute(f"SET LOCAL {setting} = off")
+        cursor.execute(f"EXPLAIN {claim_sql}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "notif_due_idx" in plan, plan
+    assert "Sort" not in plan, plan
