@@ -52,6 +52,7 @@ from notifications.adapters.smtp_connect import (
     AuthGate,
     ConnectFailure,
     ConnectSettings,
+    commands_send,
     connect_hint,
     smtp_open,
     tls_context,
@@ -124,6 +125,11 @@ class EmailAdapter(Adapter):
 def smtp_endpoint(*, host: str, port: int) -> str:
     """The circuit breaker's key for an SMTP relay."""
     return f"{host}:{port}"
+
+
+# With PIPELINING, RCPT TOs are written this many at a time (then their replies read): far more
+# than a list usually holds, few enough that the replies never fill the socket buffers.
+PIPELINED_RECIPIENTS = 100
 
 
 class EmailSession(Session):
@@ -308,6 +314,8 @@ class EmailSession(Session):
             smtputf8, sender, options = _mail_from(smtp, self.from_address, message, targets)
         except ConnectFailure as exc:  # the From address cannot be written for this server
             return _Transaction(entries=_failed(targets, exc.error), failure=exc.error)
+        if smtp.has_extn("pipelining"):
+            return self._transaction_pipelined(smtp, message, targets, unanswered, sender, options, smtputf8)
         try:
             code, reply = smtp.mail(sender, options)
         except (smtplib.SMTPException, OSError) as exc:
@@ -357,6 +365,97 @@ class EmailSession(Session):
         done.accepted = len(accepted)
         return done
 
+    def _transaction_pipelined(
+        self,
+        smtp: smtplib.SMTP,
+        message: bytes,
+        targets: list[str],
+        unanswered: dict[str, int],
+        sender: str,
+        options: list[str],
+        smtputf8: bool,
+    ) -> "_Transaction":
+        """The transaction of :meth:`_transaction` for a server that advertises PIPELINING
+        (RFC 2920), as real relays do: MAIL FROM, the RCPT TOs and DATA are written together
+        (RCPT TOs in groups of PIPELINED_RECIPIENTS) and their replies read in order, so a
+        message costs two round trips instead of one per command. The replies are judged as
+        the one-by-one transaction judges them. The message itself is sent only after DATA's
+        354 with a recipient accepted; a server that answers 354 without one (it should not)
+        loses the connection before any content, so it has nothing to deliver."""
+        entries: list[dict[str, Any]] = []
+        sendable: list[tuple[str, str]] = []  # (target, address as written)
+        for target in targets:
+            try:
+                sendable.append((target, envelope_address(target, smtputf8=smtputf8)))
+            except AddressNotSendable as exc:
+                entries.append(_not_sendable(target, exc))
+        if not sendable:
+            return _Transaction(entries=entries)
+        rcpt = [smtp.rcpt_command(address) for _, address in sendable]  # type: ignore[attr-defined]
+        groups = [rcpt[start : start + PIPELINED_RECIPIENTS] for start in range(0, len(rcpt), PIPELINED_RECIPIENTS)]
+        try:
+            first = [smtp.mail_command(sender, options), *groups[0]]  # type: ignore[attr-defined]
+            replies = commands_send(smtp, first + (["DATA\r\n"] if len(groups) == 1 else []))
+        except (smtplib.SMTPException, OSError) as exc:
+            failure = classify(exc, stage="MAIL FROM")
+            return _Transaction(
+                entries=entries + _failed([target for target, _ in sendable], failure),
+                failure=failure,
+                broken=True,
+                # Lost before the server answered anything: nothing was taken.
+                stale=isinstance(exc, (smtplib.SMTPServerDisconnected, ConnectionError)),
+            )
+        code, reply = replies.pop(0)
+        if code != 250:
+            failure = classify(smtplib.SMTPSenderRefused(code, reply, self.from_address), stage="MAIL FROM")
+            entries += _failed([target for target, _ in sendable], failure)
+            # The server refused every later command of the transaction; a 354 to DATA would
+            # leave it waiting for content: the connection is not reused then.
+            data_open = len(groups) == 1 and replies[-1][0] == 354
+            return _Transaction(entries=entries, failure=failure, needs_reset=not data_open, broken=data_open)
+        try:
+            for group in groups[1:-1]:
+                replies += commands_send(smtp, group)
+            if len(groups) > 1:
+                replies += commands_send(smtp, [*groups[-1], "DATA\r\n"])
+        except (smtplib.SMTPException, OSError) as exc:
+            failure = classify(exc, stage="RCPT TO")
+            return _Transaction(
+                entries=entries + _failed([target for target, _ in sendable], failure), failure=failure, broken=True
+            )
+        data_code, data_reply = replies.pop()
+        accepted: list[str] = []
+        too_many: list[tuple[str, int, str]] = []
+        for (target, _), (code, reply) in zip(sendable, replies, strict=True):
+            if code in (250, 251):
+                accepted.append(target)
+            elif _too_many_recipients(code, _text(reply)):
+                too_many.append((target, code, _text(reply)))
+            elif 500 <= code < 600:
+                entries.append(_entry(target, TargetOutcome.REFUSED, code=code, error=_text(reply)))
+            else:
+                entries.append(_entry(target, TargetOutcome.DEFERRED, code=code, error=_text(reply)))
+        if not accepted:
+            # RFC 5321 §4.5.3.1.10: over the server's recipient limit with none taken is deferral.
+            entries += [_entry(target, TargetOutcome.DEFERRED, code=code, error=text) for target, code, text in too_many]
+            if data_code == 354:
+                return _Transaction(entries=entries, broken=True)
+            return _Transaction(entries=entries, needs_reset=True)
+        if data_code != 354:
+            failure = classify(smtplib.SMTPDataError(data_code, data_reply), stage="DATA")
+            return _Transaction(
+                entries=entries + _answered(accepted, data_code, data_reply),
+                failure=failure,
+                needs_reset=True,
+                leftover=[target for target, _, _ in too_many],
+            )
+        done = self._message_send(smtp, message, accepted, unanswered)
+        done.entries = entries + done.entries
+        # Those over the server's recipient limit go in the next transaction.
+        done.leftover = [target for target, _, _ in too_many]
+        done.accepted = len(accepted)
+        return done
+
     def _data(
         self, smtp: smtplib.SMTP, message: bytes, accepted: list[str], unanswered: dict[str, int]
     ) -> "_Transaction":
@@ -372,6 +471,12 @@ class EmailSession(Session):
         if code != 354:
             failure = classify(smtplib.SMTPDataError(code, reply), stage="DATA")
             return _Transaction(entries=_answered(accepted, code, reply), failure=failure, needs_reset=True)
+        return self._message_send(smtp, message, accepted, unanswered)
+
+    def _message_send(
+        self, smtp: smtplib.SMTP, message: bytes, accepted: list[str], unanswered: dict[str, int]
+    ) -> "_Transaction":
+        """After DATA's 354: the message and the final dot, and the answer to it."""
         try:
             smtp.send(_dot_stuffed(message))
         except (smtplib.SMTPException, OSError) as exc:

@@ -157,9 +157,10 @@ def _quoted(address: str) -> str:
 
 class _QuotingOnce:
     """``mail`` and ``rcpt`` exactly as smtplib writes them, with the address quoted by
-    :func:`_quoted`."""
+    :func:`_quoted`; and the same commands as lines, for writing several at once
+    (:func:`commands_send`, RFC 2920 pipelining)."""
 
-    def mail(self: Any, sender: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
+    def mail_command(self: Any, sender: str, options: Sequence[str] = ()) -> str:
         optionlist = ""
         if options and self.does_esmtp:
             if any(option.lower() == "smtputf8" for option in options):
@@ -167,13 +168,36 @@ class _QuotingOnce:
                     raise smtplib.SMTPNotSupportedError("SMTPUTF8 not supported by server")
                 self.command_encoding = "utf-8"
             optionlist = " " + " ".join(options)
-        self.putcmd("mail", f"FROM:{_quoted(sender)}{optionlist}")
+        return _line(f"mail FROM:{_quoted(sender)}{optionlist}")
+
+    def rcpt_command(self: Any, recip: str, options: Sequence[str] = ()) -> str:
+        optionlist = " " + " ".join(options) if options and self.does_esmtp else ""
+        return _line(f"rcpt TO:{_quoted(recip)}{optionlist}")
+
+    def mail(self: Any, sender: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
+        self.send(self.mail_command(sender, options))
         return self.getreply()
 
     def rcpt(self: Any, recip: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
-        optionlist = " " + " ".join(options) if options and self.does_esmtp else ""
-        self.putcmd("rcpt", f"TO:{_quoted(recip)}{optionlist}")
+        self.send(self.rcpt_command(recip, options))
         return self.getreply()
+
+
+def _line(command: str) -> str:
+    """``command`` as a line, refused (ValueError, as smtplib's putcmd refuses it) when it holds
+    a line break: it would be a second command."""
+    if "\r" in command or "\n" in command:
+        raise ValueError(f"command and arguments contain prohibited newline characters: {command!r}")
+    return f"{command}\r\n"
+
+
+def commands_send(smtp: smtplib.SMTP, commands: Sequence[str]) -> list[tuple[int, bytes]]:
+    """Write ``commands`` (lines ending in CRLF) in one piece, then read one reply for each,
+    in order (RFC 2920; only for a server that advertises PIPELINING). Every reply is read
+    even when an early one refuses, so the connection stays in step. Raises what smtplib
+    raises for a lost connection or an unreadable reply."""
+    smtp.send("".join(commands))
+    return [smtp.getreply() for _ in commands]
 
 
 class _SMTP(_QuotingOnce, smtplib.SMTP):

@@ -15,9 +15,24 @@ from tests.support.smtp import SmtpServer
 WORKER = "test-worker"
 
 
+# The tests of SMTP transactions run against both ways of speaking: pipelined (RFC 2920, what
+# real relays advertise and so the server's default here) and one command at a time.
+BOTH_WAYS = {
+    "tests.dispatch.test_email_delivery",
+    "tests.dispatch.test_failure_classes",
+    "tests.dispatch.test_partial_delivery",
+    "tests.dispatch.test_recipient_state",
+}
+
+
+def pytest_generate_tests(metafunc):
+    if "smtp_server" in metafunc.fixturenames and metafunc.module.__name__ in BOTH_WAYS:
+        metafunc.parametrize("smtp_server", [True, False], indirect=True, ids=["pipelined", "lockstep"])
+
+
 @pytest.fixture
-def smtp_server():
-    with SmtpServer() as server:
+def smtp_server(request):
+    with SmtpServer(pipelining=getattr(request, "param", True)) as server:
         yield server
 
 

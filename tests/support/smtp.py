@@ -22,7 +22,8 @@
         smtp.greylist = {"b@x.org"}                  # 450 4.7.1 at its first RCPT TO, accepted after
         smtp.copies_by_recipient()                  # Counter: messages received per envelope recipient
 
-Options: ``smtputf8=True`` offers SMTPUTF8; ``auth_mechanisms={"NTLM": handler}`` adds AUTH
+Options: ``pipelining=True`` advertises PIPELINING (RFC 2920: clients then write MAIL FROM,
+RCPT TO and DATA together; aiosmtpd reads them in order either way); ``smtputf8=True`` offers SMTPUTF8; ``auth_mechanisms={"NTLM": handler}`` adds AUTH
 mechanisms (an aiosmtpd ``auth_<NAME>(server, args)`` coroutine each) and
 ``auth_exclude=("PLAIN", "LOGIN")`` removes built-in ones; ``smtp.mail_options`` lists the
 MAIL FROM parameters of every transaction and ``smtp.auth_attempts`` counts AUTH commands
@@ -84,6 +85,14 @@ class Received:
 class _Handler:
     def __init__(self, server: "SmtpServer") -> None:
         self.server = server
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        session.host_name = hostname
+        if self.server.pipelining:
+            responses.insert(-1, "250-PIPELINING")
+        return responses
 
     async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str, mail_options: list[str]) -> str:
         with self.server._lock:
@@ -165,6 +174,7 @@ class SmtpServer:
         auth: tuple[str, str] | None = None,
         keep_content: bool = True,
         smtputf8: bool = False,
+        pipelining: bool = False,
         auth_mechanisms: dict[str, Any] | None = None,
         auth_exclude: Iterable[str] = (),
     ) -> None:
@@ -174,6 +184,7 @@ class SmtpServer:
         self.auth = auth
         self.keep_content = keep_content
         self.smtputf8 = smtputf8
+        self.pipelining = pipelining
         self.auth_mechanisms = auth_mechanisms or {}
         self.auth_exclude = list(auth_exclude)
         self.mail_options: list[list[str]] = []
