@@ -561,7 +561,8 @@ def main() -> int:
     else:
         url = fresh_database("dispatch")
     setup_django(url)
-    checks, details = [], {"args": vars(args)}
+    checks: list[dict[str, Any]] = []
+    details: dict[str, Any] = {"args": vars(args)}
 
     raw_rate = None
     rounds: list[dict[str, Any]] = []

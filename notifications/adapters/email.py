@@ -437,7 +437,9 @@ class EmailSession(Session):
                 entries.append(_entry(target, TargetOutcome.DEFERRED, code=code, error=_text(reply)))
         if not accepted:
             # RFC 5321 §4.5.3.1.10: over the server's recipient limit with none taken is deferral.
-            entries += [_entry(target, TargetOutcome.DEFERRED, code=code, error=text) for target, code, text in too_many]
+            entries += [
+                _entry(target, TargetOutcome.DEFERRED, code=code, error=text) for target, code, text in too_many
+            ]
             if data_code == 354:
                 return _Transaction(entries=entries, broken=True)
             return _Transaction(entries=entries, needs_reset=True)

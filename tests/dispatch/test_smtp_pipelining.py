@@ -3,6 +3,7 @@ client writes MAIL FROM, its RCPT TOs and DATA before it reads a reply, judges e
 would one at a time, and never sends the message's content unless a recipient was accepted
 and DATA answered 354."""
 
+import contextlib
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -43,12 +44,9 @@ class ScriptedRelay:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            with conn:
+            with conn, contextlib.suppress(OSError):  # a client gone mid-session ends it
                 conn.settimeout(5)
-                try:
-                    self._session(conn, conn.makefile("rb"))
-                except OSError:
-                    pass
+                self._session(conn, conn.makefile("rb"))
 
     def _session(self, conn: socket.socket, reader) -> None:
         conn.sendall(b"220 relay ESMTP\r\n")
