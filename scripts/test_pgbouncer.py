@@ -20,6 +20,9 @@ sys.path.insert(0, str(ROOT))
 from tests.support.pgbouncer import PgBouncer  # noqa: E402
 
 SUITES = ["tests/dispatch", "tests/api"]
+# The SMTP transaction tests spoken one command at a time (the relay does not pipeline) differ
+# from their pipelined twins only on the SMTP side: `make test` runs them; here they are left out.
+SELECTION = ["-k", "not lockstep"]
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +38,7 @@ def main(argv: list[str]) -> int:
             # --reuse-db: the test database is not dropped through PgBouncer (which holds
             # connections to it) but below, on the server.
             done = subprocess.run(
-                [sys.executable, "-m", "pytest", "--reuse-db", "-p", "no:cacheprovider", *SUITES, *argv],
+                [sys.executable, "-m", "pytest", "--reuse-db", "-p", "no:cacheprovider", *SUITES, *SELECTION, *argv],
                 cwd=ROOT,
                 env=env,
                 check=False,
