@@ -229,6 +229,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--reuse", action="store_true", help="measure an already seeded database (skip seeding)")
+    parser.add_argument(
+        "--only", action="append", default=[], help="measure only the pages whose label holds this text (repeatable)"
+    )
     args = parser.parse_args()
 
     if args.reuse:
@@ -278,6 +281,8 @@ def main() -> int:
     }
     results, checks = {}, []
     for label, (url_path, target_ms) in pages.items():
+        if args.only and not any(text in label for text in args.only):
+            continue
         result = measure(client, url_path, args.runs)
         results[label] = dict(result, url=url_path)
         print(

@@ -379,6 +379,24 @@ def _json_value(value: Any) -> Any:
 def planner_row_estimate(queryset: QuerySet[Any]) -> int | None:
     """PostgreSQL's planner estimate of the rows ``queryset`` returns, read from ``EXPLAIN``
     without running it; None where the database gives none (SQLite)."""
+    plan = _plan(queryset)
+    return None if plan is None else int(plan["Plan Rows"])
+
+
+def plan_reads_every_match(queryset: QuerySet[Any]) -> bool:
+    """True when PostgreSQL's plan for ``queryset`` (a sliced, ordered query: a page) reads
+    every matching row and sorts them to take the page (a bitmap scan of a search's trigram
+    index, say), rather than reading rows already in order until the page is full. Counting
+    the matches in that same pass then costs next to nothing. False on SQLite."""
+    plan = _plan(queryset)
+    if plan is None or plan["Node Type"] != "Limit":
+        return False
+    below = plan.get("Plans", [{}])[0]
+    return below.get("Node Type") == "Sort"
+
+
+def _plan(queryset: QuerySet[Any]) -> dict[str, Any] | None:
+    """The top node of PostgreSQL's plan for ``queryset`` (EXPLAIN, not run); None on SQLite."""
     if connection.vendor != "postgresql":
         return None
     sql, params = queryset.query.sql_with_params()
@@ -387,7 +405,7 @@ def planner_row_estimate(queryset: QuerySet[Any]) -> int | None:
         plan = cursor.fetchone()[0]
     if isinstance(plan, str):
         plan = json.loads(plan)
-    return int(plan[0]["Plan"]["Plan Rows"])
+    return cast(dict[str, Any], plan[0]["Plan"])
 
 
 def count_within(queryset: QuerySet[Any], milliseconds: int) -> int | None:

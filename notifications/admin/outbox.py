@@ -14,10 +14,10 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets, unquote
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.core.paginator import Page, Paginator
+from django.db.models import Count, QuerySet, Window
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -73,6 +73,11 @@ class OutboxPaginator(Paginator):
     planner estimate where it has one (PostgreSQL), so a page never scans the whole table just
     to number its pages. The rows shown are always exact.
 
+    Where the page's own query reads every match anyway (PostgreSQL's plan sorts all matches
+    to take the page, as for a rare word found through the trigram index), the page ``number``
+    (from the request) is read first with the matches counted in the same pass: an exact
+    count, and no second pass to count them.
+
     ``is_estimate`` says whether ``count`` is an estimate (the template marks it with "≈").
     """
 
@@ -81,8 +86,21 @@ class OutboxPaginator(Paginator):
 
     is_estimate = False
 
+    def __init__(self, *args: Any, number: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.number = number
+        self._read: tuple[int, list[Any]] | None = None  # (page number, its rows), read with the count
+
+    def page(self, number: Any) -> Any:
+        if self._read is not None and self.validate_number(number) == self._read[0]:
+            return Page(self._read[1], self._read[0], self)
+        return super().page(number)
+
     @cached_property
     def count(self) -> int:
+        counted = self._count_with_page()
+        if counted is not None:
+            return counted
         rows = cast(QuerySet[Any], self.object_list).order_by().values("pk")
         capped = db.count_within(rows[: self.exact_limit + 1], self.count_budget_ms)
         if capped is not None and capped <= self.exact_limit:
@@ -91,7 +109,36 @@ class OutboxPaginator(Paginator):
         if estimate is None:
             return rows.count()  # SQLite is the small embedded database: exact is affordable
         self.is_estimate = True
-        return max(capped or 0, estimate)
+        return max(capped or 0, estimate, self._shown_at_least())
+
+    def _shown_at_least(self) -> int:
+        """How many rows page ``number`` shows there are at least: its rows are read now (the
+        ones it shows), so that an estimate below them (the planner can guess 1 for a search
+        that matches 50,000 rows) neither cuts the page short nor hides the next page; one
+        more when the page is full. 0 without a page number."""
+        if self.number is None or self.number < 1 or not isinstance(self.object_list, QuerySet):
+            return 0
+        bottom = (self.number - 1) * self.per_page
+        rows = list(self.object_list[bottom : bottom + self.per_page])
+        if not rows:
+            return 0
+        self._read = (self.number, rows)
+        return bottom + len(rows) + (1 if len(rows) == self.per_page else 0)
+
+    def _count_with_page(self) -> int | None:
+        """The exact count, read with page ``number``'s rows, where the page's query reads
+        every match anyway; None otherwise (or when that page is past the end)."""
+        if self.number is None or self.number < 1 or not isinstance(self.object_list, QuerySet):
+            return None
+        bottom = (self.number - 1) * self.per_page
+        window = slice(bottom, bottom + self.per_page)
+        if not db.plan_reads_every_match(self.object_list[window]):
+            return None
+        rows = list(self.object_list.annotate(matching_rows=Window(Count("pk")))[window])
+        if not rows:
+            return None
+        self._read = (self.number, rows)
+        return int(rows[0].matching_rows)
 
 
 class OutboxChangeList(ChangeList):
@@ -248,6 +295,20 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return OutboxChangeList
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> OutboxPaginator:
+        try:
+            number = int(request.GET.get(PAGE_VAR, 1))  # as the change list reads it
+        except ValueError:
+            number = 1
+        return OutboxPaginator(queryset, per_page, orphans, allow_empty_first_page, number=number)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
