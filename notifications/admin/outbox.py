@@ -114,8 +114,9 @@ class OutboxPaginator(Paginator):
     def _shown_at_least(self) -> int:
         """How many rows page ``number`` shows there are at least: its rows are read now (the
         ones it shows), so that an estimate below them (the planner can guess 1 for a search
-        that matches 50,000 rows) neither cuts the page short nor hides the next page; one
-        more when the page is full. 0 without a page number."""
+        that matches 50,000 rows) neither hides the next page nor makes the admin take it for
+        a single page, which it lists unpaginated (every match); one more when the page is
+        full. 0 without a page number."""
         if self.number is None or self.number < 1 or not isinstance(self.object_list, QuerySet):
             return 0
         bottom = (self.number - 1) * self.per_page
