@@ -42,7 +42,6 @@ import smtplib
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -53,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import check, dispatchers_run, fresh_database, percentile, setup_django, write_results
+from bench.common import check, dispatchers_run, fresh_database, percentile, setup_django, threads_run, write_results
 from tests.support.processes import Central, SmtpSink, manage, manage_output, stop
 
 RECIPIENTS = ["op1@bench.invalid", "op2@bench.invalid"]
@@ -137,20 +136,13 @@ def raw_ceiling(count: int, concurrency: int, type_data: dict[str, Any] | None =
     composed as the adapter composes it (from ``type_data``)."""
     sink = start_sink()
     ids = [str(uuid.uuid4()) for _ in range(count)]
-    chunks = [ids[i::concurrency] for i in range(concurrency)]
 
     def send(chunk: list[str]) -> None:
         with smtplib.SMTP("127.0.0.1", sink.port, timeout=10) as smtp:
             for notification_id in chunk:
                 smtp.sendmail("outbox@bench.invalid", RECIPIENTS, build_message(notification_id, type_data))
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=send, args=(chunk,)) for chunk in chunks]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
+    seconds = threads_run(send, ids, concurrency)
     received = sink.stop()
     assert sorted(received) == sorted(ids), "the sink did not receive every raw message exactly once"
     return count / seconds, seconds
@@ -162,7 +154,6 @@ def raw_pipelined(count: int, concurrency: int) -> float:
     composes it and nothing recorded: messages/s."""
     sink = start_sink()
     ids = [str(uuid.uuid4()) for _ in range(count)]
-    chunks = [ids[i::concurrency] for i in range(concurrency)]
     envelope = "MAIL FROM:<outbox@bench.invalid>\r\n" + "".join(f"RCPT TO:<{r}>\r\n" for r in RECIPIENTS) + "DATA\r\n"
 
     def send(chunk: list[str]) -> None:
@@ -177,13 +168,7 @@ def raw_pipelined(count: int, concurrency: int) -> float:
                 smtp.send(message + b"\r\n.\r\n")
                 assert smtp.getreply()[0] == 250
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=send, args=(chunk,)) for chunk in chunks]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
+    seconds = threads_run(send, ids, concurrency)
     received = sink.stop()
     assert sorted(received) == sorted(ids), "the sink did not receive every pipelined message exactly once"
     return count / seconds

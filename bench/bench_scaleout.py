@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_dispatch import configure, ingest_backlog
-from bench.common import check, dispatchers_run, fresh_database, setup_django, write_results
+from bench.common import check, dispatchers_run, fresh_database, setup_django, threads_run, write_results
 from tests.support.db import drop_postgres_database
 from tests.support.processes import SmtpSink
 
@@ -37,7 +37,6 @@ def raw_ceiling(*, threads: int, seconds: float) -> dict[str, Any]:
     same 50 ms sink, each message composed as the email adapter composes it: what one process
     of this machine reaches at that concurrency with no database and no bookkeeping at all."""
     import smtplib
-    import threading
     import uuid
 
     from bench.bench_dispatch import RECIPIENTS, build_message
@@ -51,13 +50,7 @@ def raw_ceiling(*, threads: int, seconds: float) -> dict[str, Any]:
             for notification_id in chunk:
                 smtp.sendmail("outbox@bench.invalid", RECIPIENTS, build_message(notification_id))
 
-    started = time.perf_counter()
-    workers = [threading.Thread(target=send, args=(ids[i::threads],)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - started
+    elapsed = threads_run(send, ids, threads)
     received = sink.stop()
     assert sorted(received) == sorted(ids), "the sink did not receive every raw message exactly once"
     ideal = threads / DELAY_SECONDS

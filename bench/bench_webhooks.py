@@ -17,7 +17,6 @@ import argparse
 import base64
 import secrets
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import check, dispatchers_run, fresh_database, setup_django, write_results
+from bench.common import check, dispatchers_run, fresh_database, setup_django, threads_run, write_results
 from tests.support.processes import SmtpSink
 
 BODY = "Pump 3 tripped on overcurrent at 10:00; operator attention required."
@@ -49,7 +48,6 @@ def raw_ceiling(count: int, concurrency: int) -> float:
     sink = start_sink()
     url = f"http://127.0.0.1:{sink.port}/hook"
     ids = [str(uuid.uuid4()) for _ in range(count)]
-    chunks = [ids[i::concurrency] for i in range(concurrency)]
     client = httpx.Client(
         timeout=10, limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     )
@@ -71,13 +69,7 @@ def raw_ceiling(count: int, concurrency: int) -> float:
             response = client.post(url, content=body, headers=headers)
             assert response.status_code == 204
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=send, args=(chunk,)) for chunk in chunks]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
+    seconds = threads_run(send, ids, concurrency)
     client.close()
     received = sink.stop()
     assert sorted(received) == sorted(ids), "the sink did not receive every raw request exactly once"

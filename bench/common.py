@@ -11,7 +11,9 @@ the same run wherever the issue defines one, because these machines are noisy.
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,18 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
         return float("nan")
     index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
     return sorted_values[index]
+
+
+def threads_run(send: Callable[[list[str]], None], ids: list[str], threads: int) -> float:
+    """``send`` on ``threads`` threads started together, each given every ``threads``-th of
+    ``ids``; the seconds until the last is done."""
+    started = time.perf_counter()
+    workers = [threading.Thread(target=send, args=(ids[i::threads],)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return time.perf_counter() - started
 
 
 def dispatchers_run(*, url: str, processes: int, concurrency: int, batch_size: int, gate: bool = False) -> list[int]:
