@@ -76,7 +76,8 @@ class OutboxPaginator(Paginator):
     Where the page's own query reads every match anyway (PostgreSQL's plan sorts all matches
     to take the page, as for a rare word found through the trigram index), the page ``number``
     (from the request) is read first with the matches counted in the same pass: an exact
-    count, and no second pass to count them.
+    count, and no second pass to count them. An estimate never falls below the rows that
+    page shows.
 
     ``is_estimate`` says whether ``count`` is an estimate (the template marks it with "≈").
     """
@@ -111,34 +112,39 @@ class OutboxPaginator(Paginator):
         self.is_estimate = True
         return max(capped or 0, estimate, self._shown_at_least())
 
+    def _requested(self) -> slice | None:
+        """The rows of page ``number`` (the one the request asks for), if there is one."""
+        if self.number is None or self.number < 1 or not isinstance(self.object_list, QuerySet):
+            return None
+        bottom = (self.number - 1) * self.per_page
+        return slice(bottom, bottom + self.per_page)
+
     def _shown_at_least(self) -> int:
         """How many rows page ``number`` shows there are at least: its rows are read now (the
         ones it shows), so that an estimate below them (the planner can guess 1 for a search
         that matches 50,000 rows) neither hides the next page nor makes the admin take it for
         a single page, which it lists unpaginated (every match); one more when the page is
         full. 0 without a page number."""
-        if self.number is None or self.number < 1 or not isinstance(self.object_list, QuerySet):
+        window = self._requested()
+        if window is None:
             return 0
-        bottom = (self.number - 1) * self.per_page
-        rows = list(self.object_list[bottom : bottom + self.per_page])
+        rows = list(self.object_list[window])
         if not rows:
             return 0
-        self._read = (self.number, rows)
-        return bottom + len(rows) + (1 if len(rows) == self.per_page else 0)
+        self._read = (cast(int, self.number), rows)
+        return window.start + len(rows) + (1 if len(rows) == self.per_page else 0)
 
     def _count_with_page(self) -> int | None:
         """The exact count, read with page ``number``'s rows, where the page's query reads
         every match anyway; None otherwise (or when that page is past the end)."""
-        if self.number is None or self.number < 1 or not isinstance(self.object_list, QuerySet):
+        window = self._requested()
+        matches = cast(QuerySet[Any], self.object_list)
+        if window is None or not db.plan_reads_every_match(matches[window]):
             return None
-        bottom = (self.number - 1) * self.per_page
-        window = slice(bottom, bottom + self.per_page)
-        if not db.plan_reads_every_match(self.object_list[window]):
-            return None
-        rows = list(self.object_list.annotate(matching_rows=Window(Count("pk")))[window])
+        rows = list(matches.annotate(matching_rows=Window(Count("pk")))[window])
         if not rows:
             return None
-        self._read = (self.number, rows)
+        self._read = (cast(int, self.number), rows)
         return int(rows[0].matching_rows)
 
 
