@@ -16,7 +16,20 @@ from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, transaction
-from django.db.models import F, Field, Func, Index, IntegerField, Lookup, Model, OrderBy, Q, QuerySet, TextField
+from django.db.models import (
+    DateField,
+    F,
+    Field,
+    Func,
+    Index,
+    IntegerField,
+    Lookup,
+    Model,
+    OrderBy,
+    Q,
+    QuerySet,
+    TextField,
+)
 from django.utils import timezone
 
 ModelT = TypeVar("ModelT", bound=Model)
@@ -472,10 +485,13 @@ class TextConcat(Func):
 
 # --- the console's search and parked causes ---------------------------------------------------
 
-# The columns the console's search looks in, joined by a space; on PostgreSQL a trigram index
-# on exactly this expression answers the search (migration 0012_console_outbox).
+# The columns the console's search looks in, joined by a space; on PostgreSQL one GIN index
+# answers the search: a trigram index on exactly this expression, with the UTC day each row was
+# created (CREATED_DAY_SQL) as its second column, so a search limited to recent days reads only
+# the matches of those days (migration 0016_search_index_by_day).
 SEARCH_COLUMNS = ("subject", "list_name", "last_error", "source_instance_id", "source_script")
 SEARCH_TEXT_SQL = "(" + " || ' ' || ".join(SEARCH_COLUMNS) + ")"
+CREATED_DAY_SQL = "((created_at AT TIME ZONE 'UTC')::date)"
 
 # A parked row's cause: the start of its last error (the grouping key of the parked-by-cause
 # view). On PostgreSQL a partial index of Parked rows holds the last error itself (with list,
@@ -508,6 +524,22 @@ class SearchText(Func):
             parts.append(sql)
             params.extend(part_params)
         return "(" + " || ' ' || ".join(parts) + ")", params
+
+
+class CreatedDay(Func):
+    """The UTC calendar day of ``created_at``: on PostgreSQL written exactly as the search
+    index's second column (CREATED_DAY_SQL); SQLite keeps times in UTC, so its ``date()``."""
+
+    output_field = DateField()
+
+    def __init__(self) -> None:
+        super().__init__(F("created_at"))
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:  # type: ignore[override]
+        sql, params = compiler.compile(self.source_expressions[0])
+        if connection.vendor == "postgresql":
+            return f"(({sql} AT TIME ZONE 'UTC')::date)", list(params)
+        return f"date({sql})", list(params)
 
 
 class ParkedCause(Func):

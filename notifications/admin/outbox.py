@@ -8,6 +8,7 @@ queries, and the KPI tiles are one aggregate query (notifications.kpis).
 
 import json
 from collections.abc import Callable
+from datetime import UTC, date, timedelta
 from typing import Any, cast
 
 from django import forms
@@ -74,18 +75,27 @@ class OutboxPaginator(Paginator):
     to number its pages. The rows shown are always exact.
 
     Where the page's own query reads every match anyway (PostgreSQL's plan sorts all matches
-    to take the page, as for a rare word found through the trigram index), the page ``number``
-    (from the request) is read first with the matches counted in the same pass: an exact
-    count, and no second pass to count them. An estimate never falls below the rows that
-    page shows.
+    to take the page, as for a word found through the search index), the page ``number`` (from
+    the request) is read first with the matches counted in the same pass: an exact count, and
+    no second pass to count them. In the newest-first order, that page is looked for first
+    among the matches created since the start of the UTC day ``recent_days`` ago: the search
+    index holds each row's day, so only those days' matches are read (of 50,000 matches
+    scattered over ten million rows, reading all costs 400 ms, the 3,400 of the last two days
+    45 ms). When they hold the page and at least one match more (so the next page is never
+    empty), the page comes from them, and the count is the planner's estimate, never below
+    those matches, which ``recent`` records; otherwise all the matches are read (a search whose
+    recent matches are too few to fill the page has few matches in all, as a rule).
+    An estimate never falls below the rows that page shows.
 
     ``is_estimate`` says whether ``count`` is an estimate (the template marks it with "≈").
     """
 
     exact_limit = 10_000
     count_budget_ms = 100
+    recent_days = 1
 
     is_estimate = False
+    recent: tuple[date, int] | None = None  # (since, matches since then) when the page came from there
 
     def __init__(self, *args: Any, number: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -141,11 +151,28 @@ class OutboxPaginator(Paginator):
         matches = cast(QuerySet[Any], self.object_list)
         if window is None or not db.plan_reads_every_match(matches[window]):
             return None
+        if list(matches.query.order_by[:1]) == ["-created_at"]:
+            counted = self._count_with_recent_page(matches, window)
+            if counted is not None:
+                return counted
         rows = list(matches.annotate(matching_rows=Window(Count("pk")))[window])
         if not rows:
             return None
         self._read = (cast(int, self.number), rows)
         return int(rows[0].matching_rows)
+
+    def _count_with_recent_page(self, matches: QuerySet[Any], window: slice) -> int | None:
+        """The estimated count, with page ``number``'s rows read from the matches of the last
+        ``recent_days`` days if they hold more than the page needs; None if they do not."""
+        since = timezone.now().astimezone(UTC).date() - timedelta(days=self.recent_days)
+        recent = matches.alias(created_day=db.CreatedDay()).filter(created_day__gte=since)
+        rows = list(recent.annotate(matching_rows=Window(Count("pk")))[window])
+        if not rows or rows[0].matching_rows <= cast(int, window.stop):
+            return None
+        self._read = (cast(int, self.number), rows)
+        self.is_estimate = True
+        self.recent = (since, rows[0].matching_rows)
+        return max(db.planner_row_estimate(matches.order_by().values("pk")) or 0, rows[0].matching_rows)
 
 
 class OutboxChangeList(ChangeList):

@@ -347,7 +347,12 @@ def test_grouping_and_search_are_answered_from_their_indexes(db):
         )
         assert "Index Only Scan using notif_parked_cause_idx" in _plan(grouped)
         assert "notif_parked_cause_idx" in _plan(console.parked_cause_rows(UNKNOWN).order_by())
-        assert "notif_search_trgm_idx" in _plan(outbox_search(Notification.objects.order_by(), "night"))
+        assert "notif_search_day_trgm_idx" in _plan(outbox_search(Notification.objects.order_by(), "night"))
+        # The days since a date are a condition of the same index scan: only their matches are read.
+        recent = outbox_search(Notification.objects.order_by(), "night").alias(created_day=console.db.CreatedDay())
+        plan = _plan(recent.filter(created_day__gte=timezone.now().date()))
+        index_condition = next(line for line in plan.splitlines() if "Index Cond" in line)
+        assert "notif_search_day_trgm_idx" in plan and "AT TIME ZONE 'UTC'" in index_condition
         assert "notif_requeued_idx" in _plan(Notification.objects.filter(requeued_at=timezone.now()).order_by())
 
 
