@@ -177,8 +177,9 @@ class NotificationCount(models.Model):
 
 
 class FailedAttemptCount(models.Model):
-    """Failed delivery attempts (any failure class) by the hour they started and their
-    notification's site and channel (notifications.counts): the dashboard's failed trend.
+    """Failed delivery attempts by the hour they started, their notification's site and
+    channel, and their failure class (notifications.counts): the dashboard's failed trend, and
+    the KPIs' failures of the last interval by class.
 
     Kept on PostgreSQL by statement-level triggers on the attempts table, like
     ``NotificationCount``: each statement adds its changes per key, ``counts_fold`` sums them.
@@ -188,6 +189,7 @@ class FailedAttemptCount(models.Model):
     bucket = models.DateTimeField()
     source_site_id = models.CharField(max_length=64)
     type = models.CharField(max_length=32)
+    failure_class = models.CharField(max_length=32, default="", db_default="")
     n = models.BigIntegerField()
     folded = models.BooleanField(default=False)
 
@@ -198,7 +200,7 @@ class FailedAttemptCount(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.source_site_id} {self.type} {self.bucket:%Y-%m-%d %H:00}: {self.n} failed"
+        return f"{self.source_site_id} {self.type} {self.bucket:%Y-%m-%d %H:00}: {self.n} failed ({self.failure_class})"
 
 
 class DeliveryAttempt(models.Model):

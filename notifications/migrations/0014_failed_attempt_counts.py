@@ -11,7 +11,7 @@ from notifications.counts import failed_attempts_install, failed_attempts_uninst
 
 def install(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        failed_attempts_install(schema_editor)
+        failed_attempts_install(schema_editor, by_class=False)  # 0017 adds the class
 
 
 def uninstall(apps, schema_editor):

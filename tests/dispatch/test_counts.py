@@ -20,6 +20,7 @@ from notifications.counts import (
     counts_kept,
     counts_rebuild,
     failed_hourly_counts,
+    failures_since,
     hourly_counts,
     queued_by_channel,
 )
@@ -85,13 +86,15 @@ def kept() -> Counter:
 
 def failed_live() -> Counter:
     failed = DeliveryAttempt.objects.exclude(failure_class="").select_related("notification")
-    return Counter((_hour(a.started_at), a.notification.source_site_id, a.notification.type) for a in failed)
+    return Counter(
+        (_hour(a.started_at), a.notification.source_site_id, a.notification.type, a.failure_class) for a in failed
+    )
 
 
 def failed_kept() -> Counter:
     sums: Counter = Counter()
     for c in FailedAttemptCount.objects.all():
-        sums[(c.bucket.astimezone(UTC), c.source_site_id, c.type)] += c.n
+        sums[(c.bucket.astimezone(UTC), c.source_site_id, c.type, c.failure_class)] += c.n
     return +sums
 
 
@@ -99,6 +102,12 @@ def assert_exact():
     assert kept() == live()
     assert failed_kept() == failed_live()
     now = timezone.now()
+    # The KPIs' failures by class: whole hours of counts and the shorter edge of an hour of
+    # attempts, for an interval starting early or late in its hour, or on it.
+    for since in (now - timedelta(hours=1), _hour(now) - timedelta(minutes=50), _hour(now) - timedelta(minutes=5)):
+        for start in (since, _hour(since)):
+            since_start = DeliveryAttempt.objects.exclude(failure_class="").filter(started_at__gte=start)
+            assert failures_since(start) == Counter(since_start.values_list("failure_class", flat=True))
     before = now - timedelta(minutes=10)
     assert kpis._open_figures_kept(before) == kpis._open_figures_counted(before)
     queued = Notification.objects.filter(status__in=Notification.NON_TERMINAL)
@@ -153,9 +162,9 @@ def history(postgres_only):
             attempts.append(
                 DeliveryAttempt(
                     notification=row,
-                    started_at=now - timedelta(hours=i % 200),
+                    started_at=now - timedelta(hours=i % 200, minutes=(13 * i) % 60),
                     outcome="transient" if failed else "success",
-                    failure_class="connection" if failed else "",
+                    failure_class=("connection", "timeout")[i % 2] if failed else "",
                 )
             )
     DeliveryAttempt.objects.bulk_create(attempts)
@@ -199,6 +208,26 @@ def test_attempts_that_fail_or_are_finished_change_the_failed_counts_exactly(his
     assert_exact()
     DeliveryAttempt.objects.filter(id__in=list(first)[:5]).delete()
     assert_exact()
+
+
+def test_failures_since_any_instant_are_whole_hours_of_counts_and_one_edge_of_attempts(history):
+    # Failed attempts every 5 minutes of one hour, and instants throughout it: early ones take
+    # the attempts before them from the counts, late ones add those after them.
+    hour = _hour(timezone.now()) - timedelta(hours=5)
+    row = next(row for row in history if row.status == Status.PARKED)
+    DeliveryAttempt.objects.bulk_create(
+        DeliveryAttempt(
+            notification=row,
+            started_at=hour + timedelta(minutes=minute, seconds=30),
+            outcome="transient",
+            failure_class=("throttled", "timeout", "connection")[minute % 3],
+        )
+        for minute in range(0, 60, 5)
+    )
+    failed = DeliveryAttempt.objects.exclude(failure_class="")
+    for since in [hour + timedelta(minutes=minute) for minute in (0, 4, 12, 29, 31, 47, 59)] + [hour]:
+        counted = Counter(failed.filter(started_at__gte=since).values_list("failure_class", flat=True))
+        assert failures_since(since) == counted, since
 
 
 def test_the_purge_and_deletes_take_their_rows_out_of_the_counts(history, settings):
