@@ -110,8 +110,7 @@ def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT setseed(0.42)")
-        # Building the trigram indexes once afterwards is much faster than maintaining them per row.
-        conn.execute("DROP INDEX IF EXISTS notif_subject_trgm_idx")
+        # Building the search index once afterwards is much faster than maintaining them per row.
         conn.execute("DROP INDEX IF EXISTS notif_search_day_trgm_idx")
         conn.execute("SET maintenance_work_mem = '256MB'")
         # The counts the database keeps are made once afterwards too: the insert trigger would
@@ -122,9 +121,6 @@ def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
             conn.execute(f"ALTER TABLE {NOTIFICATIONS} ENABLE TRIGGER notif_count_insert")
             conn.execute(f"DELETE FROM {COUNTS}")
             conn.execute(REBUILD_SQL)
-        conn.execute(
-            "CREATE INDEX notif_subject_trgm_idx ON notifications_notification USING gin (subject gin_trgm_ops)"
-        )
         conn.execute(
             "CREATE INDEX notif_search_day_trgm_idx ON notifications_notification "
             f"USING gin ({SEARCH_TEXT_SQL} gin_trgm_ops, {CREATED_DAY_SQL})"

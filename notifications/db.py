@@ -451,7 +451,7 @@ def count_within(queryset: QuerySet[Any], milliseconds: int) -> int | None:
 
 class ILike(Lookup):
     """``lhs ILIKE rhs``. Unlike Django's ``icontains`` (``UPPER(…) LIKE UPPER(…)``) this can
-    use a trigram GIN index (the one on subject, migration 0002). A filter expression only."""
+    use a trigram GIN index (the console's search index). A filter expression only."""
 
     lookup_name = "ilike"
 
@@ -459,15 +459,6 @@ class ILike(Lookup):
         lhs, lhs_params = self.process_lhs(compiler, connection)
         rhs, rhs_params = self.process_rhs(compiler, connection)
         return f"{lhs} ILIKE {rhs}", (*lhs_params, *rhs_params)
-
-
-def contains_ignoring_case(field: str, text: str) -> Q | ILike:
-    """A filter: ``field`` contains ``text``, ignoring case. On PostgreSQL an ILIKE that the
-    trigram index answers; elsewhere Django's ``icontains``."""
-    if connection.vendor == "postgresql":
-        escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        return ILike(F(field), f"%{escaped}%")
-    return Q(**{f"{field}__icontains": text})
 
 
 # --- text ---------------------------------------------------------------------------------------
