@@ -57,8 +57,10 @@ def test_outbox_page_runs_the_same_few_queries_for_5_or_60_rows(operator_client)
     captured = queries_for_page()
     assert len(captured) == few
     counts = [q["sql"] for q in captured if "COUNT(*)" in q["sql"].upper()]
-    # Counting is always bounded (a LIMIT inside the count), never a full-table COUNT(*).
-    assert counts and all("LIMIT" in sql.upper() for sql in counts)
+    # Counting is always bounded, never a full-table COUNT(*): a LIMIT inside the count, or
+    # (the KPIs' failures by class on PostgreSQL) the attempts of less than an hour.
+    edge = re.compile(r"started_at >= [^\n]+ AND started_at < ", re.IGNORECASE)
+    assert counts and all("LIMIT" in sql.upper() or edge.search(sql) for sql in counts)
 
 
 def test_the_paginator_counts_exactly_below_its_limit_and_estimates_above_it(operator_client, monkeypatch):
