@@ -59,6 +59,45 @@ def lock_skipping_locked(queryset: QuerySet[ModelT]) -> QuerySet[ModelT]:
     return queryset
 
 
+# The oldest expired rows, locked (skipping rows others hold), with their attempts and provider
+# messages deleted; the attempts in a statement of their own, before their notifications, so
+# that the failed-attempt counts' trigger still finds each attempt's notification.
+_EXPIRED_BATCH_SQL = """
+WITH batch AS (
+    SELECT notification_id FROM notifications_notification
+    WHERE status = ANY(%(statuses)s) AND created_at < %(created_before)s
+    ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), attempts AS (
+    DELETE FROM notifications_deliveryattempt WHERE notification_id IN (SELECT notification_id FROM batch)
+), messages AS (
+    DELETE FROM notifications_providermessage WHERE notification_id IN (SELECT notification_id FROM batch)
+)
+SELECT coalesce(array_agg(notification_id), '{}') FROM batch
+"""
+
+
+def expired_batch_delete(*, statuses: Sequence[str], created_before: datetime, limit: int) -> tuple[int, int]:
+    """PostgreSQL: delete the oldest ``limit`` rows in ``statuses`` created before
+    ``created_before`` (skipping rows others hold), with their attempts and provider messages,
+    in one transaction of two statements and no row read into Python: ``(rows taken, rows
+    deleted)``. The status is checked again at the delete. The purge's batch: the ORM's cascade
+    spent as much CPU in Python as PostgreSQL did deleting (66 µs a row), beside the sites'
+    ingest on the same machine."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            _EXPIRED_BATCH_SQL,
+            {"statuses": [str(s) for s in statuses], "created_before": created_before, "limit": limit},
+        )
+        ids = cursor.fetchone()[0]
+        if not ids:
+            return 0, 0
+        cursor.execute(
+            "DELETE FROM notifications_notification WHERE notification_id = ANY(%s) AND status = ANY(%s)",
+            [ids, [str(s) for s in statuses]],
+        )
+        return len(ids), cursor.rowcount
+
+
 class NullsFirstIndex(Index):
     """An index on one column in ``ASC NULLS FIRST`` order, for queries ordered that way (the
     claim takes rows without a due time first): a plain ascending index does not serve that

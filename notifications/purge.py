@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from notifications import db
@@ -49,18 +50,31 @@ def notifications_purge(
         report.deleted = expired.count()
         return report
     while True:
-        with transaction.atomic():
-            batch = db.lock_skipping_locked(expired.order_by("created_at"))
-            pks = list(batch.values_list("pk", flat=True)[:batch_size])
-            if not pks:
-                break
-            DeliveryAttempt.objects.filter(notification_id__in=pks).delete()
-            deleted, _ = Notification.objects.filter(pk__in=pks, status__in=Notification.TERMINAL).only("pk").delete()
+        if connection.vendor == "postgresql":
+            taken, deleted = db.expired_batch_delete(
+                statuses=Notification.TERMINAL, created_before=report.cutoff, limit=batch_size
+            )
+        else:
+            taken, deleted = _batch_delete(expired, batch_size)
+        if not taken:
+            break
         report.deleted += deleted
         report.batches += 1
         if progress:
             progress(report)
-        if len(pks) < batch_size:
+        if taken < batch_size:
             break
     counts_fold()  # the deletions, summed per key (notifications.counts)
     return report
+
+
+def _batch_delete(expired: QuerySet[Notification], batch_size: int) -> tuple[int, int]:
+    """The oldest ``batch_size`` of ``expired`` deleted with their attempts (and, by Django's
+    cascade, their provider messages) in one transaction: ``(rows taken, rows deleted)``."""
+    with transaction.atomic():
+        pks = list(db.lock_skipping_locked(expired.order_by("created_at")).values_list("pk", flat=True)[:batch_size])
+        if not pks:
+            return 0, 0
+        DeliveryAttempt.objects.filter(notification_id__in=pks).delete()
+        deleted, _ = Notification.objects.filter(pk__in=pks, status__in=Notification.TERMINAL).only("pk").delete()
+    return len(pks), deleted

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from notifications.adapters.base import FailureClass
 from notifications.kpis import kpis_compute
-from notifications.models import ChannelHealth, DeliveryAttempt, Notification
+from notifications.models import ChannelHealth, DeliveryAttempt, Notification, ProviderMessage
 from notifications.purge import notifications_purge
 
 Status = Notification.Status
@@ -67,6 +67,18 @@ def test_purge_deletes_only_terminal_rows_older_than_the_retention_window(aged):
     remaining = set(Notification.objects.values_list("pk", flat=True))
     assert remaining == {n.pk for n in aged["old_live"] + aged["young"]}
     assert DeliveryAttempt.objects.count() == 4  # the purged rows' attempts went with them
+
+
+def test_purge_takes_every_row_that_refers_to_a_purged_notification(aged):
+    # The purge deletes on PostgreSQL with its own SQL (notifications.db.expired_batch_delete),
+    # not the ORM's cascade: it must know every table that refers to a notification.
+    related = {relation.related_model for relation in Notification._meta.related_objects}
+    assert related == {DeliveryAttempt, ProviderMessage}, "a new relation: teach expired_batch_delete"
+    old = aged["old_terminal"][0]
+    ProviderMessage.objects.create(provider="twilio", provider_id="SM1", notification=old, target_ref="t1")
+    ProviderMessage.objects.create(provider="twilio", provider_id="SM2", notification=aged["young"][0], target_ref="t1")
+    notifications_purge(now=NOW)
+    assert list(ProviderMessage.objects.values_list("provider_id", flat=True)) == ["SM2"]
 
 
 def test_purge_works_in_batches_and_reports_progress(aged):
