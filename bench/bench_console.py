@@ -105,7 +105,7 @@ def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
 
     from notifications.counts import NOTIFICATIONS, REBUILD_SQL
     from notifications.counts import TABLE as COUNTS
-    from notifications.db import CREATED_DAY_SQL, SEARCH_TEXT_SQL
+    from notifications.db import SEARCH_INDEX_COLUMNS_SQL
 
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -122,8 +122,7 @@ def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
             conn.execute(f"DELETE FROM {COUNTS}")
             conn.execute(REBUILD_SQL)
         conn.execute(
-            "CREATE INDEX notif_search_day_trgm_idx ON notifications_notification "
-            f"USING gin ({SEARCH_TEXT_SQL} gin_trgm_ops, {CREATED_DAY_SQL})"
+            f"CREATE INDEX notif_search_day_trgm_idx ON notifications_notification USING gin {SEARCH_INDEX_COLUMNS_SQL}"
         )
         conn.execute("VACUUM ANALYZE notifications_notification")
         conn.execute(f"VACUUM ANALYZE {COUNTS}")

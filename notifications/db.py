@@ -83,17 +83,15 @@ def expired_batch_delete(*, statuses: Sequence[str], created_before: datetime, l
     deleted)``. The status is checked again at the delete. The purge's batch: the ORM's cascade
     spent as much CPU in Python as PostgreSQL did deleting (66 µs a row), beside the sites'
     ingest on the same machine."""
+    values = [str(status) for status in statuses]
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            _EXPIRED_BATCH_SQL,
-            {"statuses": [str(s) for s in statuses], "created_before": created_before, "limit": limit},
-        )
+        cursor.execute(_EXPIRED_BATCH_SQL, {"statuses": values, "created_before": created_before, "limit": limit})
         ids = cursor.fetchone()[0]
         if not ids:
             return 0, 0
         cursor.execute(
             "DELETE FROM notifications_notification WHERE notification_id = ANY(%s) AND status = ANY(%s)",
-            [ids, [str(s) for s in statuses]],
+            [ids, values],
         )
         return len(ids), cursor.rowcount
 
@@ -522,6 +520,7 @@ class TextConcat(Func):
 SEARCH_COLUMNS = ("subject", "list_name", "last_error", "source_instance_id", "source_script")
 SEARCH_TEXT_SQL = "(" + " || ' ' || ".join(SEARCH_COLUMNS) + ")"
 CREATED_DAY_SQL = "((created_at AT TIME ZONE 'UTC')::date)"
+SEARCH_INDEX_COLUMNS_SQL = f"({SEARCH_TEXT_SQL} gin_trgm_ops, {CREATED_DAY_SQL})"
 
 # A parked row's cause: the start of its last error (the grouping key of the parked-by-cause
 # view). On PostgreSQL a partial index of Parked rows holds the last error itself (with list,

@@ -12,11 +12,10 @@ state stays as it is.
 
 from django.db import migrations
 
-from notifications.db import CREATED_DAY_SQL, SEARCH_TEXT_SQL
+from notifications.db import SEARCH_INDEX_COLUMNS_SQL, SEARCH_TEXT_SQL
 
 TABLE = "notifications_notification"
 TEXT_ONLY = f"({SEARCH_TEXT_SQL} gin_trgm_ops)"
-TEXT_AND_DAY = f"({SEARCH_TEXT_SQL} gin_trgm_ops, {CREATED_DAY_SQL})"
 
 
 def by_day(apps, schema_editor):
@@ -24,7 +23,7 @@ def by_day(apps, schema_editor):
         return
     run = schema_editor.execute
     run("CREATE EXTENSION IF NOT EXISTS btree_gin")
-    run(f"CREATE INDEX IF NOT EXISTS notif_search_day_trgm_idx ON {TABLE} USING gin {TEXT_AND_DAY}")
+    run(f"CREATE INDEX IF NOT EXISTS notif_search_day_trgm_idx ON {TABLE} USING gin {SEARCH_INDEX_COLUMNS_SQL}")
     run("DROP INDEX IF EXISTS notif_search_trgm_idx")
 
 
