@@ -1,7 +1,8 @@
 """Purge benchmark on PostgreSQL: the retention purge deleting ``--rows`` (1,000,000) terminal
 rows past the retention window, each with one delivery attempt, in its bounded batches
-(OUTBOX_PURGE_BATCH_SIZE), while sites post at ``--rate`` (200) notifications/s over real HTTP
-(gunicorn, two workers).
+(OUTBOX_PURGE_BATCH_SIZE) and resting between them (OUTBOX_PURGE_DUTY_CYCLE; both as the
+environment sets them, else their defaults), while sites post at ``--rate`` (200)
+notifications/s over real HTTP (gunicorn, two workers).
 
 1. **Baseline**: ingest at the rate for ``--baseline-seconds`` with no purge: per-request
    latency (client side, open loop: each request is sent at its time, from ``--clients``
@@ -164,11 +165,17 @@ def main() -> int:
 
     url, key = demo_database("purge")
     setup_django(url)
+    from django.conf import settings
     from django.db import connections
 
     from notifications.models import DeliveryAttempt, Notification
 
-    details: dict[str, Any] = {"rows": args.rows, "rate": args.rate}
+    details: dict[str, Any] = {
+        "rows": args.rows,
+        "rate": args.rate,
+        "batch_size": settings.OUTBOX_PURGE_BATCH_SIZE,
+        "duty_cycle": settings.OUTBOX_PURGE_DUTY_CYCLE,
+    }
     try:
         details["seed_seconds"] = seed(url, args.rows)
         with Central(database=url, workers=2, OUTBOX_SITE_RATE_LIMIT=0, OUTBOX_DISPATCH_TRIGGER="false") as server:
@@ -222,7 +229,8 @@ def main() -> int:
 
     ratio = details["during"]["p99"] / details["baseline"]["p99"]
     print(
-        f"purge of {args.rows:,} rows: {details['purge_seconds']:.1f} s ({details['purge_rows_per_second']:,.0f} rows/s); "
+        f"purge of {args.rows:,} rows (batches of {details['batch_size']:,}, duty cycle {details['duty_cycle']:g}): "
+        f"{details['purge_seconds']:.1f} s ({details['purge_rows_per_second']:,.0f} rows/s); "
         f"ingest p99 {details['baseline']['p99'] * 1000:.1f} ms without, {details['during']['p99'] * 1000:.1f} ms during "
         f"({ratio:.2f}×); longest lock wait seen {details['lock_wait_max_seconds']:.3f} s",
         flush=True,

@@ -6,16 +6,20 @@ dispatcher); web processes queue the tasks by dotted path through notifications.
   time box. It is queued right after ingest commits and after operator actions (low latency),
   by the every-minute sweep schedule (the safety net: expired leases, lost triggers), and by
   itself when work remains or a due time comes before the sweep could see it.
-* ``purge_task`` runs the daily retention purge.
+* ``purge_task`` runs the daily retention purge, time-boxed like a dispatch pass; while
+  expired rows remain it queues itself again, so a purge longer than a task (the first one
+  after an upgrade, a shorter retention) goes on in task-sized parts instead of being killed.
 """
 
 from datetime import timedelta
 
 from django_q.conf import Conf
+from django_q.tasks import async_task
 
 from notifications.clock import database_now
 from notifications.dispatch import dispatch_pass, dispatch_wait, worker_id_new
 from notifications.purge import notifications_purge
+from notifications.schedules import PURGE_TASK
 from notifications.trigger import dispatch_enqueue
 
 # A due time nearer than this when a task ends gets a follow-up task to wait for it; a later
@@ -25,7 +29,8 @@ WAKE_HORIZON_SECONDS = 150
 
 
 def task_time_budget() -> float:
-    """Seconds a dispatch task may keep claiming and waiting: half the task timeout, so that
+    """Seconds a task may keep working (a dispatch task claiming and waiting, a purge task
+    deleting batches): half the task timeout, so that
     deliveries already started (each bounded by the SMTP timeout) finish well before django-q2
     would kill the task — and the task always ends before its broker lease (``retry``)."""
     return max(1.0, Conf.TIMEOUT / 2 if Conf.TIMEOUT else 45.0)
@@ -48,5 +53,9 @@ def dispatch_task() -> str:
 
 
 def purge_task() -> str:
-    """The retention purge; returns its report as text (kept in django-q2's task result)."""
-    return str(notifications_purge())
+    """The retention purge within the task's time budget; queues a follow-up purge task when
+    expired rows remain. Returns its report as text (kept in django-q2's task result)."""
+    report = notifications_purge(time_budget=task_time_budget())
+    if report.more:
+        async_task(PURGE_TASK, task_name="purge")
+    return str(report)

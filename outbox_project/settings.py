@@ -39,6 +39,19 @@ def _positive(name: str, default: float, cast: str = "int") -> Any:
     return value
 
 
+def _fraction(name: str, default: float) -> float:
+    """A number above 0 and at most 1, read as written (django-environ's float drops any
+    character that is not a digit, so "0.5x" would pass as 0.5)."""
+    text = _read(name, "str", str(default)).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise ImproperlyConfigured(f"Environment variable {name} is invalid: not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise ImproperlyConfigured(f"Environment variable {name} must be above 0 and at most 1, got {text!r}")
+    return value
+
+
 def _generated_secret_key(path: Path) -> str:
     """The secret key kept in ``path``, created (random, readable by its owner only) the first
     time. Safe when several processes start at once: the file appears complete or not at all
@@ -274,7 +287,10 @@ OUTBOX_BATCH_MAX_ITEMS = _positive("OUTBOX_BATCH_MAX_ITEMS", 1000, "int")
 # Queue a django-q2 dispatch task after ingest commits (low latency). Off only where dedicated
 # `manage.py dispatch` processes do all the delivering.
 OUTBOX_DISPATCH_TRIGGER = _read("OUTBOX_DISPATCH_TRIGGER", "bool", True)
-OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 5000, "int")
+OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 500, "int")
+# The share of time the purge works: after a batch that took t seconds it rests
+# t × (1 / cycle − 1), so that sites posting meanwhile rarely meet it at work. 1: no rest.
+OUTBOX_PURGE_DUTY_CYCLE = _fraction("OUTBOX_PURGE_DUTY_CYCLE", 0.2)
 # How long a verified site key is trusted by one web process before it is checked again
 # (revocation and deactivation reach the other processes within this time). 0 disables.
 OUTBOX_KEY_CACHE_SECONDS = _read("OUTBOX_KEY_CACHE_SECONDS", "int", 10)

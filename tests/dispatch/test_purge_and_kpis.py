@@ -3,12 +3,15 @@
 import base64
 import hashlib
 import itertools
+import re
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
@@ -16,6 +19,7 @@ from notifications.adapters.base import FailureClass
 from notifications.kpis import kpis_compute
 from notifications.models import ChannelHealth, DeliveryAttempt, Notification, ProviderMessage
 from notifications.purge import notifications_purge
+from tests.support.processes import ROOT, child_env
 
 Status = Notification.Status
 _n = itertools.count()
@@ -87,6 +91,53 @@ def test_purge_works_in_batches_and_reports_progress(aged):
     assert (report.deleted, report.batches, seen) == (3, 2, [2, 3])
 
 
+def test_purge_rests_after_each_batch_for_its_duty_cycle(aged, monkeypatch):
+    from notifications import purge
+
+    clock = iter(range(0, 1000, 2))  # every reading of the clock is 2 s after the one before
+    monkeypatch.setattr(purge.time, "monotonic", lambda: next(clock))
+    rests = []
+    monkeypatch.setattr(purge.time, "sleep", rests.append)
+    report = notifications_purge(now=NOW, batch_size=1, duty_cycle=0.25)
+    # Each batch takes 2 s by that clock: at a quarter of the time, 6 s of rest after each full
+    # batch; none after the last, which found fewer rows than a batch (none at all).
+    assert (report.deleted, report.batches, rests) == (3, 3, [6, 6, 6])
+    assert Notification.objects.count() == 4
+
+
+def test_purge_stops_between_batches_at_its_time_budget(aged, monkeypatch):
+    from notifications import purge
+
+    monkeypatch.setattr(purge.time, "sleep", lambda seconds: None)
+    report = notifications_purge(now=NOW, batch_size=2, time_budget=0)
+    # At least one batch runs, however short the budget; then it stops with rows left.
+    assert (report.deleted, report.batches, report.more) == (2, 1, True)
+    assert "more remain" in str(report)
+    report = notifications_purge(now=NOW, batch_size=2, time_budget=3600)
+    assert (report.deleted, report.more) == (1, False)
+    assert Notification.objects.count() == 4
+
+
+def test_purge_task_queues_a_follow_up_while_expired_rows_remain(aged, monkeypatch, settings):
+    from django_q.conf import Conf
+    from django_q.models import OrmQ
+    from django_q.signing import SignedPackage
+
+    from notifications import tasks
+    from notifications.schedules import PURGE_TASK
+
+    def queued_purges():
+        payloads = OrmQ.objects.filter(key=Conf.CLUSTER_NAME).values_list("payload", flat=True)
+        return [p for p in payloads if SignedPackage.loads(p)["func"] == PURGE_TASK]
+
+    settings.OUTBOX_PURGE_BATCH_SIZE = 2
+    monkeypatch.setattr(tasks, "task_time_budget", lambda: 0)
+    assert "more remain" in tasks.purge_task()
+    assert Notification.objects.count() == 5 and len(queued_purges()) == 1
+    assert "more remain" not in tasks.purge_task()  # the follow-up finishes: no other one
+    assert Notification.objects.count() == 4 and len(queued_purges()) == 1
+
+
 def test_purge_dry_run_counts_and_deletes_nothing(aged):
     report = notifications_purge(now=NOW, dry_run=True)
     assert report.deleted == 3 and "would delete 3" in str(report)
@@ -101,6 +152,22 @@ def test_purge_command_prints_progress_and_honours_dry_run(aged, capsys):
     out = capsys.readouterr().out
     assert "batch 1: 2 deleted so far" in out and "deleted 3 terminal notifications" in out
     assert Notification.objects.count() == 4
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--duty-cycle", "0", "must be above 0 and at most 1, got 0"),
+        ("--duty-cycle", "1.5", "must be above 0 and at most 1, got 1.5"),
+        ("--duty-cycle", "half", "must be a number above 0 and at most 1, got 'half'"),
+        ("--batch-size", "0", "must be a positive number of rows, got 0"),
+        ("--batch-size", "many", "must be a positive number of rows, got 'many'"),
+    ],
+)
+def test_purge_command_refuses_a_bad_option_naming_it(aged, option, value, message):
+    with pytest.raises(CommandError, match=re.escape(f"argument {option}: {message}")):
+        call_command("purge_notifications", option, value)
+    assert Notification.objects.count() == 7
 
 
 # --- KPIs -------------------------------------------------------------------------------------
@@ -256,3 +323,24 @@ def test_kpi_endpoint_refuses_anonymous_with_401_and_non_staff_with_403(db, clie
     basic = "Basic " + base64.b64encode(b"clerk:pw-123456").decode()
     assert client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=basic).status_code == 401
     assert api.get("/api/v1/kpis/").status_code == 401  # a site key is not a staff login
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("0", "must be above 0 and at most 1, got '0'"),
+        ("1.5", "must be above 0 and at most 1, got '1.5'"),
+        ("0.5x", "is invalid: not a number: '0.5x'"),
+    ],
+)
+def test_a_bad_purge_duty_cycle_stops_the_process_naming_the_variable(value, problem):
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=child_env(database="sqlite:///unused.sqlite3", OUTBOX_PURGE_DUTY_CYCLE=value),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert f"Environment variable OUTBOX_PURGE_DUTY_CYCLE {problem}" in done.stderr
