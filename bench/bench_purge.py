@@ -10,7 +10,8 @@ notifications/s over real HTTP (gunicorn, two workers).
 2. **During the purge**: ``manage.py purge_notifications`` runs while the same ingest goes on;
    latency of the requests sent while it ran. Lock waits are sampled every 0.1 s from
    ``pg_locks``/``pg_stat_activity`` (sessions of the benchmark database waiting for a lock,
-   and for how long).
+   and for how long); the sampler runs through the baseline too, so both windows carry its
+   load.
 
 Targets: ingest p99 during the purge ≤ 2 × its p99 without; no lock wait over 1 s; every old
 row purged, every ingested row kept.
@@ -142,15 +143,18 @@ class Ingest:
             return sorted(latency for sent, latency in self.samples if since <= sent < until)
 
 
-def lock_waits(url: str, stop: threading.Event, seen: dict[str, float]) -> None:
-    """Sample sessions waiting for a lock every 0.1 s; the longest wait seen in ``seen``."""
+def lock_waits(url: str, stop: threading.Event, seen: dict[str, float], counting: threading.Event) -> None:
+    """Sample sessions waiting for a lock every 0.1 s; the longest wait seen while ``counting``
+    is set in ``seen``. It samples through the baseline too, so that both windows carry its
+    own load."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         while not stop.is_set():
             for _pid, waited in conn.execute(LOCK_WAITS_SQL).fetchall():
-                seen["max"] = max(seen.get("max", 0.0), float(waited or 0))
-                seen["samples"] = seen.get("samples", 0) + 1
+                if counting.is_set():
+                    seen["max"] = max(seen.get("max", 0.0), float(waited or 0))
+                    seen["samples"] = seen.get("samples", 0) + 1
             stop.wait(0.1)
 
 
@@ -181,14 +185,15 @@ def main() -> int:
         with Central(database=url, workers=2, OUTBOX_SITE_RATE_LIMIT=0, OUTBOX_DISPATCH_TRIGGER="false") as server:
             ingest = Ingest(server.port, key, args.rate, args.clients)
             ingest.start()
+            stop_sampling, counting = threading.Event(), threading.Event()
+            waits: dict[str, float] = {}
+            sampler = threading.Thread(target=lock_waits, args=(url, stop_sampling, waits, counting), daemon=True)
+            sampler.start()
             time.sleep(2)  # warm-up: connections, pools
             baseline_from = time.perf_counter()
             time.sleep(args.baseline_seconds)
             baseline_to = purge_from = time.perf_counter()
-            stop_sampling = threading.Event()
-            waits: dict[str, float] = {}
-            sampler = threading.Thread(target=lock_waits, args=(url, stop_sampling, waits), daemon=True)
-            sampler.start()
+            counting.set()
             purge = manage("purge_notifications", database=url, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             out, err = purge.communicate(timeout=3600)
             purge_to = time.perf_counter()

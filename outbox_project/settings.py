@@ -287,7 +287,7 @@ OUTBOX_BATCH_MAX_ITEMS = _positive("OUTBOX_BATCH_MAX_ITEMS", 1000, "int")
 # Queue a django-q2 dispatch task after ingest commits (low latency). Off only where dedicated
 # `manage.py dispatch` processes do all the delivering.
 OUTBOX_DISPATCH_TRIGGER = _read("OUTBOX_DISPATCH_TRIGGER", "bool", True)
-OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 500, "int")
+OUTBOX_PURGE_BATCH_SIZE = _positive("OUTBOX_PURGE_BATCH_SIZE", 200, "int")
 # The share of time the purge works: after a batch that took t seconds it rests
 # t × (1 / cycle − 1), so that sites posting meanwhile rarely meet it at work. 1: no rest.
 OUTBOX_PURGE_DUTY_CYCLE = _fraction("OUTBOX_PURGE_DUTY_CYCLE", 0.2)

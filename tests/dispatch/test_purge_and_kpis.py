@@ -154,6 +154,21 @@ def test_purge_command_prints_progress_and_honours_dry_run(aged, capsys):
     assert Notification.objects.count() == 4
 
 
+def test_purge_command_prints_a_line_at_most_every_5_seconds(aged, capsys, monkeypatch):
+    from notifications import purge
+
+    clock = itertools.count()  # every reading of the clock is 1 s after the one before
+    monkeypatch.setattr(purge.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(purge.time, "sleep", lambda seconds: None)
+    call_command("purge_notifications", "--batch-size", "1", "--duty-cycle", "1")
+    lines = capsys.readouterr().out.splitlines()
+    # Batches end at 3, 6 and 9 s by that clock: the first is printed, the second is only 3 s
+    # later and is not, the third is 6 s after the first; then the total.
+    assert lines[:2] == ["  batch 1: 1 deleted so far (3.0 s)", "  batch 3: 3 deleted so far (9.0 s)"]
+    assert lines[2].startswith("deleted 3 terminal notifications") and lines[2].endswith(" in 13.0 s")
+    assert len(lines) == 3
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [

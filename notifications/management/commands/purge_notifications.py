@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from notifications.purge import PurgeReport, notifications_purge
 
+PROGRESS_SECONDS = 5.0  # at most one progress line this often
+
 
 class Command(BaseCommand):
     help = "Delete terminal notifications older than OUTBOX_RETENTION_DAYS (in batches)."
@@ -27,8 +29,15 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, dry_run: bool, batch_size: int | None, duty_cycle: float | None, **options: Any
     ) -> None:
+        printed_at: float | None = None
+
         def progress(report: PurgeReport) -> None:
-            self.stdout.write(f"  batch {report.batches}: {report.deleted} deleted so far ({report.seconds:.1f} s)")
+            # The first batch, then at most one line every PROGRESS_SECONDS: a large purge
+            # has thousands of batches.
+            nonlocal printed_at
+            if printed_at is None or report.seconds - printed_at >= PROGRESS_SECONDS:
+                printed_at = report.seconds
+                self.stdout.write(f"  batch {report.batches}: {report.deleted} deleted so far ({report.seconds:.1f} s)")
 
         report = notifications_purge(dry_run=dry_run, batch_size=batch_size, duty_cycle=duty_cycle, progress=progress)
         self.stdout.write(str(report))
