@@ -8,7 +8,7 @@ Pending is never deleted. Non-terminal rows are never purged, however old.
 The purge yields to live traffic: after each batch it rests in proportion to the time the
 batch took, so that it works only OUTBOX_PURGE_DUTY_CYCLE of the time (a fifth by default).
 Sites posting while it runs then rarely meet a batch at work. A time budget (the worker's
-task) stops it between batches with ``more`` set when expired rows remain.
+task) stops it between batches, with ``more`` set when expired rows may remain.
 """
 
 import time
@@ -32,7 +32,7 @@ class PurgeReport:
     deleted: int = 0
     batches: int = 0
     dry_run: bool = False
-    more: bool = False  # stopped by its time budget with expired rows left
+    more: bool = False  # stopped by its time budget after a full batch: expired rows may remain
     seconds: float = 0.0  # from the first batch to the end, rests included
 
     def __str__(self) -> str:
