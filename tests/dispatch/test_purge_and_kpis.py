@@ -96,7 +96,7 @@ def test_purge_rests_after_each_batch_for_its_duty_cycle(aged, monkeypatch):
 
     clock = iter(range(0, 1000, 2))  # every reading of the clock is 2 s after the one before
     monkeypatch.setattr(purge.time, "monotonic", lambda: next(clock))
-    rests = []
+    rests: list[float] = []
     monkeypatch.setattr(purge.time, "sleep", rests.append)
     report = notifications_purge(now=NOW, batch_size=1, duty_cycle=0.25)
     # Each batch takes 2 s by that clock: at a quarter of the time, 6 s of rest after each full
