@@ -6,7 +6,6 @@ the server never take each other's tasks."""
 
 import os
 import subprocess
-import sys
 import uuid
 
 import pytest
@@ -19,7 +18,7 @@ from notifications import trigger
 from notifications.models import Notification
 from tests.dispatch.conftest import configure_smtp
 from tests.support.payloads import make_payload
-from tests.support.processes import ROOT, Central, child_env, manage, poll, stop
+from tests.support.processes import Central, manage, poll, settings_refusal, stop
 
 REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -88,16 +87,8 @@ def test_a_foreign_task_in_redis_does_not_swallow_a_dispatch_request(db, redis_c
 
 @pytest.mark.parametrize("url", ["postgres://127.0.0.1/q", "http://127.0.0.1:6379", "127.0.0.1:6379"])
 def test_a_broker_url_that_is_not_redis_stops_the_process_naming_the_variable(url):
-    done = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=child_env(database="sqlite:///unused.sqlite3", Q_BROKER_URL=url),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode != 0
-    assert "Environment variable Q_BROKER_URL must be a redis://, rediss:// or unix:// URL" in done.stderr
+    stderr = settings_refusal(Q_BROKER_URL=url)
+    assert "Environment variable Q_BROKER_URL must be a redis://, rediss:// or unix:// URL" in stderr
 
 
 def test_the_database_stays_the_default_broker():

@@ -76,6 +76,22 @@ def manage(
     )
 
 
+def settings_refusal(**env: Any) -> str:
+    """Run ``manage.py check`` with the environment variables ``env`` (on a SQLite database it
+    never creates) and return its standard error; AssertionError if it did not fail. For
+    settings that must stop a process at start, naming the variable."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "check"],
+        cwd=ROOT,
+        env=child_env(database="sqlite:///unused.sqlite3", **env),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0, f"manage.py check accepted {env}"
+    return done.stderr
+
+
 def manage_output(*args: str, database: str | None = None, timeout: float = 600, **env: Any) -> str:
     """Run ``manage.py args…`` to completion and return its standard output; RuntimeError with
     its standard error if it fails."""
