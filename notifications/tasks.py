@@ -30,9 +30,9 @@ WAKE_HORIZON_SECONDS = 150
 
 def task_time_budget() -> float:
     """Seconds a task may keep working (a dispatch task claiming and waiting, a purge task
-    deleting batches): half the task timeout, so that
-    deliveries already started (each bounded by the SMTP timeout) finish well before django-q2
-    would kill the task — and the task always ends before its broker lease (``retry``)."""
+    deleting batches): half the task timeout, so that deliveries already started (each
+    bounded by the SMTP timeout) finish well before django-q2 would kill the task — and the
+    task always ends before its broker lease (``retry``)."""
     return max(1.0, Conf.TIMEOUT / 2 if Conf.TIMEOUT else 45.0)
 
 
