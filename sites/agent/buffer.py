@@ -403,6 +403,19 @@ class Buffer:
         )
         return cursor.rowcount == 1
 
+    def all_due(self, *, now: str) -> int:
+        """Every forwarding row due at ``now`` (its back-off dropped, its retry count kept):
+        a standby taking over does not wait out the dead primary's back-off. Returns how many
+        rows were waiting."""
+        return self._write(
+            lambda connection: (
+                connection.execute(
+                    "UPDATE outbox_buffer SET next_attempt_at = ? WHERE status = 'forwarding' AND next_attempt_at > ?",
+                    (now, now),
+                ).rowcount
+            )
+        )
+
     def discard(self, notification_id: str) -> BufferedRow | None:
         """Delete a parked row. Returns the row as it was, or None if no parked row had that id."""
 

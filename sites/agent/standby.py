@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sites.agent.buffer import FORWARDING, PARKED, Buffer
+from sites.agent.buffer import FORWARDING, PARKED, Buffer, iso_utc, utc_now
 
 ENV_LITESTREAM = "OUTBOX_LITESTREAM"
 # Litestream looks for changes in the log every MONITOR_INTERVAL and ships them to the replica
@@ -160,7 +160,8 @@ def standby_restore(
     *, db_path: str, replica: Replica, litestream: str | None = None, force: bool = False, timeout: float = 600
 ) -> RestoreResult:
     """Rebuild the buffer at ``db_path`` from ``replica`` with ``litestream restore``, then open
-    it as the agent does and check it. Refuses to overwrite an existing buffer unless ``force``
+    it as the agent does, check it, and make every buffered row due at once (the dead
+    primary's back-off reflected its own view of central, not the standby's). Refuses to overwrite an existing buffer unless ``force``
     (a primary's live buffer must never be replaced by an older replica by mistake).
     StandbyError naming the problem otherwise."""
     db_path = os.path.abspath(db_path)
@@ -195,6 +196,7 @@ def standby_restore(
         verdict = buffer.quick_check()
         if verdict != "ok":
             raise StandbyError(f"the restored buffer {db_path} fails SQLite's quick_check: {verdict}")
+        buffer.all_due(now=iso_utc(utc_now()))
         counts = buffer.counts()
     except sqlite3.Error as error:
         raise StandbyError(f"the restored buffer {db_path} cannot be read: {error}") from None

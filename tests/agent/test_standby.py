@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sites.agent import SiteOutbox
+from sites.agent.buffer import iso_utc, utc_now
 from sites.agent.cli import EXIT_CONFIG, EXIT_OK, EXIT_STANDBY, main
 from sites.agent.standby import StandbyError, find_litestream, litestream_config, replica_from
 
@@ -122,7 +123,15 @@ def test_replication_survives_the_agents_own_checkpoints_and_restores_every_row(
         )
     )
     with SiteOutbox(buffer_path, None, None) as outbox:
-        outbox.notify("Operators").send("first", "b")
+        first = outbox.notify("Operators").send("first", "b")
+        # The primary failed to forward it and deferred it far ahead: the standby must not wait.
+        outbox.buffer.record_transient_failure(
+            [first],
+            error="central unreachable",
+            now=iso_utc(utc_now()),
+            next_attempt_at="2999-01-01T00:00:00.000000Z",
+            max_retries=0,
+        )
         replicating = subprocess.Popen(
             [binary, "replicate", "-config", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
@@ -146,6 +155,9 @@ def test_replication_survives_the_agents_own_checkpoints_and_restores_every_row(
     with SiteOutbox(restored, None, None) as standby:
         assert standby.buffer.quick_check() == "ok"
         assert {r.notification_id for r in standby.buffer.due(now="9999", limit=10_000)} >= set(ids[1::2])
+        due_now = {r.notification_id: r for r in standby.buffer.due(now=iso_utc(utc_now()), limit=10_000)}
+        assert set(due_now) == {first, *ids[1::2]}  # every row due at once after the restore
+        assert due_now[first].retry_count == 1  # its failed attempt still counts
 
 
 if sys.platform == "win32":  # pragma: no cover - the replication test signals Litestream with SIGTERM
