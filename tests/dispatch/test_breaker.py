@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from notifications.adapters.base import DeliveryError
@@ -190,6 +191,14 @@ def test_a_rate_limited_channel_gives_a_claim_no_more_rows_than_its_tokens(db, s
 DISPATCHER_ENV: dict[str, Any] = {"OUTBOX_DISPATCH_INTERVAL": 0.2, "OUTBOX_LEASE_SECONDS": 10, "OUTBOX_CONCURRENCY": 2}
 
 
+def sessions_waiting_for_me(cursor: Any) -> int:
+    """How many database sessions wait for a lock this session holds (read afresh: inside a
+    transaction, PostgreSQL keeps the first snapshot of pg_stat_activity unless cleared)."""
+    cursor.execute("SELECT pg_stat_clear_snapshot()")
+    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))")
+    return int(cursor.fetchone()[0])
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_dispatcher_processes_share_one_breaker_open_probe_once_at_a_time_and_close(postgres_only, smtp_server):
@@ -204,8 +213,19 @@ def test_two_dispatcher_processes_share_one_breaker_open_probe_once_at_a_time_an
     )
     smtp_server.stop()  # the relay is down
     ids = [row.pk for row in queue(20)]
-    workers = [manage("dispatch", **DISPATCHER_ENV) for _ in range(2)]
+    workers = []
     try:
+        # Both processes make their first claim together, two rows each, so that both take part
+        # whichever starts first: the table is locked (claims wait) until both wait on it.
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE notifications_notification IN EXCLUSIVE MODE")
+            workers = [manage("dispatch", OUTBOX_BATCH_SIZE=2, **DISPATCHER_ENV) for _ in range(2)]
+            poll(
+                lambda: sessions_waiting_for_me(cursor) >= 2,
+                timeout=60,
+                interval=0.05,
+                message="the dispatchers never reached their first claim",
+            )
         poll(
             lambda: ChannelHealth.objects.filter(state__in=[State.OPEN, State.HALF_OPEN]).exists(),
             timeout=20,
