@@ -161,9 +161,9 @@ def standby_restore(
 ) -> RestoreResult:
     """Rebuild the buffer at ``db_path`` from ``replica`` with ``litestream restore``, then open
     it as the agent does, check it, and make every buffered row due at once (the dead
-    primary's back-off reflected its own view of central, not the standby's). Refuses to overwrite an existing buffer unless ``force``
-    (a primary's live buffer must never be replaced by an older replica by mistake).
-    StandbyError naming the problem otherwise."""
+    primary's back-off reflected its own view of central, not the standby's). Refuses to
+    overwrite an existing buffer unless ``force`` (a primary's live buffer must never be
+    replaced by an older replica by mistake). StandbyError naming the problem otherwise."""
     db_path = os.path.abspath(db_path)
     existing = [path for path in _sidecars(db_path) if os.path.exists(path)]
     if existing and not force:
