@@ -59,6 +59,24 @@ def lock_skipping_locked(queryset: QuerySet[ModelT]) -> QuerySet[ModelT]:
     return queryset
 
 
+def read_through_indexes() -> None:
+    """For the rest of the current transaction, have PostgreSQL find rows through indexes and
+    read them in an index's order wherever one gives it, rather than read the whole table or
+    collect rows and sort them: for the dispatcher's transactions, every statement of which
+    finds its rows by an index range or by primary keys.
+
+    PostgreSQL chooses between those plans by how many rows it expects, from its statistics.
+    Taken before a backlog arrived (indexes built on an empty table, a table analyzed while
+    nearly empty, autovacuum not yet round), they say "a handful", and it then read and sorted
+    the whole backlog to claim each batch, and scanned the whole table to stamp a batch's
+    lease. The settings are transaction-local (``set_config(…, true)``, as ``SET LOCAL``), so
+    they never outlive the transaction on a pooled connection (PgBouncer in transaction mode).
+    SQLite has no such choice to steer."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)")
+
+
 # The oldest expired rows, locked (skipping rows others hold), with their attempts and provider
 # messages deleted; the attempts in a statement of their own, before their notifications, so
 # that the failed-attempt counts' trigger still finds each attempt's notification.
@@ -140,6 +158,28 @@ class AnyOf(Lookup):
 
 
 Field.register_lookup(AnyOf)
+
+
+class EqualsUnindexed(Lookup):
+    """``lhs IS NOT DISTINCT FROM rhs`` (SQLite: ``lhs IS rhs``): equality, for a NOT NULL
+    column, that the database checks on the rows it has found but never uses to find them.
+
+    For a condition that only confirms rows found by their primary keys (a worker finishing
+    the rows it claimed, still in the status it claimed them with). Plain ``=`` lets PostgreSQL
+    weigh the indexes on the column too, and with statistics taken before a backlog arrived
+    ("a handful of Pending rows") it read all 20,000 Pending rows through the status index to
+    finish 100 of them; ``IS NOT DISTINCT FROM`` matches no index, so the primary key it is."""
+
+    lookup_name = "equals_unindexed"
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        rhs, rhs_params = self.process_rhs(compiler, connection)
+        operator = "IS NOT DISTINCT FROM" if connection.vendor == "postgresql" else "IS"
+        return f"{lhs} {operator} {rhs}", (*lhs_params, *rhs_params)
+
+
+Field.register_lookup(EqualsUnindexed)
 
 
 def pk_in(pks: Collection[Any]) -> Q:

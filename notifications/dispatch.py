@@ -42,7 +42,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import Case, F, Q, TextField, Value, When
+from django.db.models import Case, F, Q, QuerySet, TextField, Value, When
 
 from notifications import db
 from notifications.adapters import adapter_for
@@ -109,16 +109,38 @@ def worker_id_new(prefix: str = "dispatch") -> str:
     return f"{prefix}:{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def _unleased_q(now: datetime) -> Q:
+    """Not terminal and under no live lease: due once its next attempt time has come."""
+    return Q(status__in=Notification.NON_TERMINAL) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+
+
 def notifications_due_q(now: datetime) -> Q:
     """The rule for "due": not terminal, its next attempt time has come, and no live lease.
 
     A Pending row with no next attempt time (created by hand) counts as due, never as lost.
     """
-    return (
-        Q(status__in=Notification.NON_TERMINAL)
-        & (Q(next_attempt_at__lte=now) | Q(next_attempt_at__isnull=True))
-        & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
-    )
+    return _unleased_q(now) & (Q(next_attempt_at__lte=now) | Q(next_attempt_at__isnull=True))
+
+
+def _oldest_due_lock(waiting: QuerySet[Notification], *, now: datetime, limit: int) -> list[Notification]:
+    """Lock up to ``limit`` of the ``waiting`` rows that are due at ``now``, oldest due first,
+    skipping rows others hold: first those without a next attempt time, then the rest by it.
+
+    Each is one range of the due index read in its order and left as soon as it has given
+    enough rows, so a claim reads about as many rows as it takes, whatever the backlog. (One
+    query for both, ``next_attempt_at <= now OR next_attempt_at IS NULL``, cannot be an index
+    range: PostgreSQL then either filters every waiting row in index order or collects every
+    due row and sorts them.) Called in a transaction that reads through indexes
+    (:func:`~notifications.db.read_through_indexes`): with statistics taken before a backlog
+    arrived, PostgreSQL would otherwise collect and sort the whole backlog for every claim.
+    """
+    in_index_order = F("next_attempt_at").asc(nulls_first=True)
+    undated = waiting.filter(next_attempt_at__isnull=True).order_by(in_index_order)
+    rows = list(db.lock_skipping_locked(undated).only(*CLAIM_FIELDS)[:limit])
+    if len(rows) < limit:
+        dated = waiting.filter(next_attempt_at__lte=now).order_by(in_index_order)
+        rows += db.lock_skipping_locked(dated).only(*CLAIM_FIELDS)[: limit - len(rows)]
+    return rows
 
 
 @dataclass
@@ -161,16 +183,15 @@ def notifications_claim_due(
             for channel in channels.values()
             if channel.gated
         ]
-        due = Notification.objects.filter(notifications_due_q(now))
-        oldest_first = F("next_attempt_at").asc(nulls_first=True)
-        free = due.exclude(type__in=[gate.channel.name for gate in gates]) if gates else due
-        claim.rows = list(db.lock_skipping_locked(free.order_by(oldest_first)).only(*CLAIM_FIELDS)[:limit])
+        db.read_through_indexes()
+        waiting = Notification.objects.filter(_unleased_q(now))
+        free = waiting.exclude(type__in=[gate.channel.name for gate in gates]) if gates else waiting
+        claim.rows = _oldest_due_lock(free, now=now, limit=limit)
         for gate in gates:
             room = min(gate.limit, limit - len(claim.rows))
             taken: list[Notification] = []
             if room > 0:
-                gated = due.filter(type=gate.channel.name).order_by(oldest_first)
-                taken = list(db.lock_skipping_locked(gated).only(*CLAIM_FIELDS)[:room])
+                taken = _oldest_due_lock(waiting.filter(type=gate.channel.name), now=now, limit=room)
             channel_gate_settle(gate, taken=len(taken))
             if gate.probe:
                 claim.probes.update(row.pk for row in taken)
@@ -225,7 +246,7 @@ def dispatch_wake_at(*, channels: dict[str, Channel] | None = None, now: datetim
     now = now or database_now()
     channels = dispatch_channels() if channels is None else channels
     health = {(row.channel, row.endpoint): row for row in ChannelHealth.objects.all()}
-    unleased = Q(status__in=Notification.NON_TERMINAL) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+    unleased = _unleased_q(now)
     wake: datetime | None = None
     for channel in channels.values():
         first = (
@@ -368,9 +389,10 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
     delivered_created: list[datetime] = []
     logged: list[tuple[Notification, str, str]] = []  # (row, channel, outcome) of rows this finish changed
     with transaction.atomic():
+        db.read_through_indexes()  # every row by its primary key
         for (channel_name, claimed_status, kind, _), (changes, rows) in groups.items():
             updated = Notification.objects.filter(
-                db.pk_in([row.pk for row in rows]), status=claimed_status, claimed_by=worker_id
+                db.pk_in([row.pk for row in rows]), status__equals_unindexed=claimed_status, claimed_by=worker_id
             ).update(**changes)
             setattr(report, kind, getattr(report, kind) + updated)
             report.lost += len(rows) - updated

@@ -251,21 +251,83 @@ def test_a_pass_against_a_slow_relay_claims_in_smaller_batches_and_delivers_ever
     assert Notification.objects.filter(status=Status.DELIVERED).count() == 90
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
-def test_a_claim_reads_its_rows_off_the_due_index_without_sorting_the_backlog(db):
-    # Rows without a due time come first: an index in any other order leaves PostgreSQL to
-    # sort every waiting row on each claim (17 ms a claim at 20,000 queued, growing with the
-    # backlog).
-    queue(3)
-    with CaptureQueriesContext(connection) as queries:
-        notifications_claim_due(worker_id="w1", limit=2)
-    (claim_sql,) = [q["sql"] for q in queries.captured_queries if "FOR UPDATE SKIP LOCKED" in q["sql"]]
+def stale_statistics_backlog(count):
+    """``count`` rows queued after the table's statistics were taken empty, as when a backlog
+    arrives between two runs of autovacuum (statistics rolled back with the test)."""
     with connection.cursor() as cursor:
-        # A three-row table would be read whole: the plan shows whether the index can serve the
-        # claim's order (where it cannot, the sort stays however dear it is made).
-        for setting in ("enable_seqscan", "enable_bitmapscan", "enable_sort"):
-            cursor.execute(f"SET LOCAL {setting} = off")
-        cursor.execute(f"EXPLAIN {claim_sql}")
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "notif_due_idx" in plan, plan
-    assert "Sort" not in plan, plan
+        cursor.execute("ANALYZE notifications_notification")
+    queue(count)
+
+
+def plans(captured):
+    """The plans (JSON) of the captured statements that lock or change notifications,
+    replayed in order with the captured settings (``set_config``) applied first: a row lock's
+    as run (EXPLAIN ANALYZE), an UPDATE's as planned."""
+    found = []
+    with connection.cursor() as cursor:
+        for query in captured.captured_queries:
+            sql = query["sql"]
+            if "set_config" in sql:
+                cursor.execute(sql)
+            elif "FOR UPDATE" in sql or sql.startswith('UPDATE "notifications_notification"'):
+                cursor.execute(f"EXPLAIN (FORMAT JSON{', ANALYZE' if sql.startswith('SELECT') else ''}) {sql}")
+                found.append((sql, cursor.fetchone()[0][0]["Plan"]))
+    return found
+
+
+def indexes_read(plan):
+    """The indexes the plan reads, in plan order; "(whole table)" for a sequential scan."""
+    return [
+        "(whole table)" if node["Node Type"] == "Seq Scan" else node["Index Name"]
+        for node in plan_nodes(plan)
+        if node["Node Type"] == "Seq Scan" or "Index Name" in node
+    ]
+
+
+def plan_nodes(node):
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_a_claim_reads_about_what_it_takes_even_with_statistics_from_before_the_backlog(db):
+    # With statistics saying "no rows", PostgreSQL collected every due row of the backlog and
+    # sorted them for each claim (5,000 queued: every claim of 200 read all 5,000).
+    stale_statistics_backlog(1000)
+    with CaptureQueriesContext(connection) as captured:
+        claimed = notifications_claim_due(worker_id="w1", limit=50).rows
+    assert len(claimed) == 50
+    # The same claim again, run: the next 50 rows.
+    *locks, (lease_sql, lease_plan) = plans(captured)
+    assert len(locks) == 2, [sql for sql, _ in locks]  # rows without a due time, then by it
+    for sql, plan in locks:
+        assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), (sql, plan)
+        assert indexes_read(plan) == ["notif_due_idx"], (sql, plan)
+        rows = [node for node in plan_nodes(plan) if node.get("Relation Name") == "notifications_notification"]
+        read = sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in rows)
+        assert read <= 100, (read, sql, plan)  # its 50, and the first claim's 50 passed over
+    assert indexes_read(lease_plan) == ["notifications_notification_pkey"], (lease_sql, lease_plan)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_finishing_finds_its_rows_by_primary_key_even_with_statistics_from_before_the_backlog(db):
+    # With statistics saying "no Pending rows", PostgreSQL read all 20,000 Pending rows of a
+    # backlog through the status index to finish the 100 rows of one batch.
+    stale_statistics_backlog(1000)
+    targets = [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 250}]
+    rows = notifications_claim_due(worker_id="w1", limit=50).rows
+    attempts = delivery_attempts_record(worker_id="w1", notifications=rows, now=timezone.now())
+    finishes = [
+        Finish(
+            notification=row,
+            attempt=attempts[row.pk],
+            outcome=DeliveryOutcome(result=DeliveryResult(targets=targets, detail={"smtp_code": 250})),
+            channel=channel_with(),
+        )
+        for row in rows
+    ]
+    with CaptureQueriesContext(connection) as captured:
+        assert notifications_finish(worker_id="w1", outcomes=finishes).delivered == 50
+    ((sql, plan),) = plans(captured)
+    assert indexes_read(plan) == ["notifications_notification_pkey"], (sql, plan)
