@@ -247,13 +247,18 @@ def dispatch_wake_at(*, channels: dict[str, Channel] | None = None, now: datetim
     channels = dispatch_channels() if channels is None else channels
     health = {(row.channel, row.endpoint): row for row in ChannelHealth.objects.all()}
     unleased = _unleased_q(now)
+    firsts: dict[str, list[datetime | None]] = {}
+    with transaction.atomic():
+        db.read_through_indexes()  # the due index in its order: one row, not a sorted backlog
+        for channel in channels.values():
+            firsts[channel.name] = list(
+                Notification.objects.filter(unleased, type=channel.name)
+                .order_by(F("next_attempt_at").asc(nulls_first=True))
+                .values_list("next_attempt_at", flat=True)[:1]
+            )
     wake: datetime | None = None
     for channel in channels.values():
-        first = (
-            Notification.objects.filter(unleased, type=channel.name)
-            .order_by(F("next_attempt_at").asc(nulls_first=True))
-            .values_list("next_attempt_at", flat=True)[:1]
-        )
+        first = firsts[channel.name]
         if not first:
             continue
         when = max(first[0] or now, now)

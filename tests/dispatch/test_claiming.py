@@ -11,6 +11,7 @@ from django.utils import timezone
 from notifications.adapters.base import DeliveryError, DeliveryResult
 from notifications.dispatch import (
     CLAIM_HORIZON_SECONDS,
+    dispatch_wake_at,
     DeliveryOutcome,
     Finish,
     _Pace,
@@ -331,3 +332,27 @@ def test_finishing_finds_its_rows_by_primary_key_even_with_statistics_from_befor
         assert notifications_finish(worker_id="w1", outcomes=finishes).delivered == 50
     ((sql, plan),) = plans(captured)
     assert indexes_read(plan) == ["notifications_notification_pkey"], (sql, plan)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_the_next_due_time_is_read_off_the_due_index_even_with_statistics_from_before_the_backlog(db):
+    # A waiting worker asks every second while a backlog waits out an outage: with statistics
+    # saying "no rows", PostgreSQL sorted the whole backlog to find its first due time.
+    stale_statistics_backlog(1000)
+    later = timezone.now() + timedelta(hours=1)
+    Notification.objects.update(next_attempt_at=later)
+    with CaptureQueriesContext(connection) as captured:
+        assert dispatch_wake_at(channels={"email": channel_with()}) == later
+    replayed = []
+    with connection.cursor() as cursor:
+        for query in captured.captured_queries:
+            if "set_config" in query["sql"]:
+                cursor.execute(query["sql"])
+            elif query["sql"].startswith('SELECT "notifications_notification"."next_attempt_at"'):
+                cursor.execute(f"EXPLAIN (FORMAT JSON, ANALYZE) {query['sql']}")
+                replayed.append(cursor.fetchone()[0][0]["Plan"])
+    (plan,) = replayed
+    assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), plan
+    assert indexes_read(plan) == ["notif_due_idx"], plan
+    rows = [node for node in plan_nodes(plan) if node.get("Relation Name") == "notifications_notification"]
+    assert sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in rows) == 1, plan
