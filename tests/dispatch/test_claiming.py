@@ -11,11 +11,11 @@ from django.utils import timezone
 from notifications.adapters.base import DeliveryError, DeliveryResult
 from notifications.dispatch import (
     CLAIM_HORIZON_SECONDS,
-    dispatch_wake_at,
     DeliveryOutcome,
     Finish,
     _Pace,
     delivery_attempts_record,
+    dispatch_wake_at,
     notifications_claim_due,
     notifications_finish,
 )
