@@ -180,26 +180,30 @@ def test_a_pass_out_of_time_says_more_is_due(smtp_server, smtp_config):
     assert (report.claimed, report.more_due) == (0, True)
 
 
+def claimed_and_delivered(worker_id, count):
+    """Claim ``count`` due rows and record their attempts, as a dispatch batch does; returns
+    the rows and their results as delivered, to finish."""
+    targets = [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 250}]
+    rows = notifications_claim_due(worker_id=worker_id, limit=count).rows
+    attempts = delivery_attempts_record(worker_id=worker_id, notifications=rows, now=timezone.now())
+    return rows, [
+        Finish(
+            notification=row,
+            attempt=attempts[row.pk],
+            outcome=DeliveryOutcome(result=DeliveryResult(targets=targets, detail={"smtp_code": 250})),
+            channel=channel_with(),
+        )
+        for row in rows
+    ]
+
+
 def claim_record_finish(worker_id, count):
     """Claim ``count`` due rows, record their attempts and finish them delivered, as a dispatch
     batch does; the number of queries that took."""
     queue(count)
-    targets = [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 250}]
     with CaptureQueriesContext(connection) as captured:
-        rows = notifications_claim_due(worker_id=worker_id, limit=count).rows
-        attempts = delivery_attempts_record(worker_id=worker_id, notifications=rows, now=timezone.now())
-        report = notifications_finish(
-            worker_id=worker_id,
-            outcomes=[
-                Finish(
-                    notification=row,
-                    attempt=attempts[row.pk],
-                    outcome=DeliveryOutcome(result=DeliveryResult(targets=targets, detail={"smtp_code": 250})),
-                    channel=channel_with(),
-                )
-                for row in rows
-            ],
-        )
+        rows, finishes = claimed_and_delivered(worker_id, count)
+        report = notifications_finish(worker_id=worker_id, outcomes=finishes)
     assert (len(rows), report.delivered) == (count, count)
     return len(captured.captured_queries)
 
@@ -316,18 +320,7 @@ def test_finishing_finds_its_rows_by_primary_key_even_with_statistics_from_befor
     # With statistics saying "no Pending rows", PostgreSQL read all 20,000 Pending rows of a
     # backlog through the status index to finish the 100 rows of one batch.
     stale_statistics_backlog(1000)
-    targets = [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 250}]
-    rows = notifications_claim_due(worker_id="w1", limit=50).rows
-    attempts = delivery_attempts_record(worker_id="w1", notifications=rows, now=timezone.now())
-    finishes = [
-        Finish(
-            notification=row,
-            attempt=attempts[row.pk],
-            outcome=DeliveryOutcome(result=DeliveryResult(targets=targets, detail={"smtp_code": 250})),
-            channel=channel_with(),
-        )
-        for row in rows
-    ]
+    _, finishes = claimed_and_delivered("w1", 50)
     with CaptureQueriesContext(connection) as captured:
         assert notifications_finish(worker_id="w1", outcomes=finishes).delivered == 50
     ((sql, plan),) = plans(captured)
