@@ -13,7 +13,10 @@ tests' aiosmtpd server with ``--sink aiosmtpd``), in one run:
    wall time including it is reported beside it);
    every message is verified received exactly once (by X-Notification-Id). Ceiling and
    throughput are measured ``--rounds`` times, alternately, and the ratio is the median of each
-   round's throughput over its own ceiling (this machine's speed drifts between runs). Then the same for ``--rich-count``
+   round's throughput over its own ceiling (this machine's speed drifts between runs). Each
+   round also reports the CPU (user and system) a message cost: bare smtplib's client, the
+   dispatcher processes' (start-up excluded) and, where the server runs on this machine,
+   PostgreSQL's sessions'. Then the same for ``--rich-count``
    rich notifications (an HTML alarm table and a 100 KB attachment, composed with the email
    package), beside their own raw ceiling (the same rich messages composed and sent by bare
    smtplib).
@@ -52,7 +55,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import check, dispatchers_run, fresh_database, percentile, setup_django, threads_run, write_results
+from bench.common import (
+    check,
+    dispatchers_run,
+    fresh_database,
+    own_cpu_seconds,
+    percentile,
+    postgres_cpu_seconds,
+    setup_django,
+    threads_run,
+    write_results,
+)
 from tests.support.processes import Central, SmtpSink, manage, manage_output, stop
 
 RECIPIENTS = ["op1@bench.invalid", "op2@bench.invalid"]
@@ -131,9 +144,12 @@ def build_message(notification_id: str, type_data: dict[str, Any] | None = None)
     )
 
 
-def raw_ceiling(count: int, concurrency: int, type_data: dict[str, Any] | None = None) -> tuple[float, float]:
-    """Bare smtplib, ``concurrency`` threads, persistent connections: messages/s, each message
-    composed as the adapter composes it (from ``type_data``)."""
+def raw_ceiling(
+    count: int, concurrency: int, type_data: dict[str, Any] | None = None, cpu: dict[str, float] | None = None
+) -> tuple[float, float]:
+    """Bare smtplib, ``concurrency`` threads, persistent connections: messages/s and seconds,
+    each message composed as the adapter composes it (from ``type_data``). ``cpu``, if given,
+    receives the client's CPU seconds (``"client"``: user and system, its threads together)."""
     sink = start_sink()
     ids = [str(uuid.uuid4()) for _ in range(count)]
 
@@ -142,7 +158,10 @@ def raw_ceiling(count: int, concurrency: int, type_data: dict[str, Any] | None =
             for notification_id in chunk:
                 smtp.sendmail("outbox@bench.invalid", RECIPIENTS, build_message(notification_id, type_data))
 
+    started = own_cpu_seconds()
     seconds = threads_run(send, ids, concurrency)
+    if cpu is not None:
+        cpu["client"] = own_cpu_seconds() - started
     received = sink.stop()
     assert sorted(received) == sorted(ids), "the sink did not receive every raw message exactly once"
     return count / seconds, seconds
@@ -211,9 +230,16 @@ def dispatch_throughput(
     configure(sink.port)
     ids = ingest_backlog(count, type_data)
     per_process = max(1, concurrency // processes)
+    cpu: dict[str, float] = {}
+    postgres_before = postgres_cpu_seconds(url)
     started = time.perf_counter()
-    dispatchers_run(url=url, processes=processes, concurrency=per_process, batch_size=batch_size, gate=True)
+    dispatchers_run(url=url, processes=processes, concurrency=per_process, batch_size=batch_size, gate=True, cpu=cpu)
     wall = time.perf_counter() - started
+    postgres_after = postgres_cpu_seconds(url)
+    # CPU per message: the dispatchers' without their start-up; PostgreSQL's where it runs here.
+    cpu_per_message = {"dispatchers_us": (cpu["total"] - cpu["start_up"]) / count * 1e6}
+    if postgres_before is not None and postgres_after is not None:
+        cpu_per_message["postgres_us"] = (postgres_after - postgres_before) / count * 1e6
     received = sink.stop()
     counts = Counter(received)
     exactly_once = set(counts) == set(ids) and all(n == 1 for n in counts.values())
@@ -230,6 +256,7 @@ def dispatch_throughput(
         "delivered_rows": delivered,
         "received": len(received),
         "distinct": len(counts),
+        "cpu_per_message": cpu_per_message,
     }
 
 
@@ -554,15 +581,24 @@ def main() -> int:
     for round_number in range(1, args.rounds + 1):
         entry: dict[str, Any] = {}
         if "raw" not in args.skip:
-            entry["raw_per_second"], _ = raw_ceiling(args.count, args.concurrency)
-            print(f"round {round_number}: raw smtplib {entry['raw_per_second']:,.0f} messages/s", flush=True)
+            raw_cpu: dict[str, float] = {}
+            entry["raw_per_second"], _ = raw_ceiling(args.count, args.concurrency, cpu=raw_cpu)
+            entry["raw_client_cpu_us"] = raw_cpu["client"] / args.count * 1e6
+            print(
+                f"round {round_number}: raw smtplib {entry['raw_per_second']:,.0f} messages/s "
+                f"(client CPU {entry['raw_client_cpu_us']:.0f} µs a message)",
+                flush=True,
+            )
         if "throughput" not in args.skip:
             result = dispatch_throughput(url, args.count, args.concurrency, args.processes, args.batch_size)
             entry.update(throughput=result, per_second=result["per_second"])
+            cpu = result["cpu_per_message"]
+            postgres = f", PostgreSQL {cpu['postgres_us']:.0f} µs" if "postgres_us" in cpu else ""
             print(
                 f"round {round_number}: dispatch {result['per_second']:,.0f} notifications/s over "
                 f"{result['seconds']:.2f} s (wall with start-up {result['wall_seconds']:.2f} s: "
-                f"{result['wall_per_second']:,.0f}/s), exactly once: {result['exactly_once']}",
+                f"{result['wall_per_second']:,.0f}/s), exactly once: {result['exactly_once']}; "
+                f"CPU a message: dispatchers {cpu['dispatchers_us']:.0f} µs{postgres}",
                 flush=True,
             )
             if "raw_per_second" in entry:

@@ -10,6 +10,7 @@ the same run wherever the issue defines one, because these machines are noisy.
 
 import json
 import os
+import resource
 import sys
 import threading
 import time
@@ -103,7 +104,15 @@ def threads_run(send: Callable[[list[str]], None], ids: list[str], threads: int)
     return time.perf_counter() - started
 
 
-def dispatchers_run(*, url: str, processes: int, concurrency: int, batch_size: int, gate: bool = False) -> list[int]:
+def dispatchers_run(
+    *,
+    url: str,
+    processes: int,
+    concurrency: int,
+    batch_size: int,
+    gate: bool = False,
+    cpu: dict[str, float] | None = None,
+) -> list[int]:
     """Run ``processes`` dispatcher processes (``manage.py dispatch --once``, ``concurrency``
     threads each) on the database at ``url`` until each has drained what is due; their exit
     codes.
@@ -111,9 +120,13 @@ def dispatchers_run(*, url: str, processes: int, concurrency: int, batch_size: i
     With ``gate`` they start delivering together, once every one of them is up: the table of
     notifications is locked (EXCLUSIVE: plain reads pass, claims wait) until each process waits
     at its first claim, so that no process's start-up (Python, Django, imports: about a second
-    of CPU each) runs beside the others' deliveries and counts as dispatch."""
+    of CPU each) runs beside the others' deliveries and counts as dispatch.
+
+    ``cpu``, if given, receives the processes' CPU seconds (user and system): ``"total"``, and
+    with ``gate`` ``"start_up"``, what they had used when the gate opened."""
     import psycopg
 
+    before = _children_cpu_seconds()
     holder = psycopg.connect(url) if gate else None
     try:
         if holder is not None:
@@ -135,11 +148,57 @@ def dispatchers_run(*, url: str, processes: int, concurrency: int, batch_size: i
         ]
         if holder is not None:
             _wait_for_lock_waiters(url, processes, holder.info.backend_pid)
+            if cpu is not None:
+                cpu["start_up"] = sum(process_cpu_seconds(worker.pid) or 0.0 for worker in workers)
             holder.commit()  # the lock goes: every process claims at once
     finally:
         if holder is not None:
             holder.close()
-    return [worker.wait() for worker in workers]
+    codes = [worker.wait() for worker in workers]
+    if cpu is not None:
+        cpu["total"] = _children_cpu_seconds() - before
+    return codes
+
+
+def _children_cpu_seconds() -> float:
+    """User and system CPU seconds of this process's children that have ended."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def own_cpu_seconds() -> float:
+    """User and system CPU seconds of this process so far (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds of the running process ``pid`` so far, from Linux's
+    /proc; None where that cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def postgres_cpu_seconds(url: str) -> float | None:
+    """User and system CPU seconds of the PostgreSQL server's sessions that have ended (its
+    postmaster's reaped children), read from Linux's /proc: for a server on this machine
+    whose data directory this user can read; None otherwise. Long-lived server processes
+    (checkpointer, WAL writer, autovacuum) are not counted."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute("SHOW data_directory").fetchone()
+        assert row is not None
+        postmaster = int(Path(row[0], "postmaster.pid").read_text().split()[0])
+        time.sleep(0.2)  # sessions that just ended (this one too) are reaped by then
+        fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, psycopg.Error):
+        return None
 
 
 def _wait_for_lock_waiters(url: str, count: int, holder_pid: int, timeout: float = 120) -> None:
