@@ -17,7 +17,7 @@ from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from notifications.clock import database_now
-from notifications.dispatch import dispatch_pass, dispatch_wait, worker_id_new
+from notifications.dispatch import dispatch_pass, dispatch_wait, dispatcher_process_settle, worker_id_new
 from notifications.purge import notifications_purge
 from notifications.schedules import PURGE_TASK
 from notifications.trigger import dispatch_enqueue
@@ -39,6 +39,7 @@ def task_time_budget() -> float:
 def dispatch_task() -> str:
     """One time-boxed dispatch pass, then waiting for due times within the same budget. Queues
     a follow-up when rows are still due at the end, or when the next due time is near."""
+    dispatcher_process_settle()  # a worker process's first task: its start-up is done
     worker_id = worker_id_new("q")
     budget = task_time_budget()
     report = dispatch_pass(worker_id=worker_id, time_budget=budget)

@@ -94,10 +94,35 @@ def test_tasks_are_time_boxed_below_the_task_timeout_and_the_broker_lease():
     assert tasks.task_time_budget() < Conf.TIMEOUT < Conf.RETRY
 
 
+def test_a_dispatcher_process_hands_its_start_up_to_the_permanent_generation_once():
+    code = (
+        "import gc, django; django.setup(); "
+        "from notifications.dispatch import dispatcher_process_settle; "
+        "before = gc.get_freeze_count(); first = dispatcher_process_settle(); frozen = gc.get_freeze_count(); "
+        "second = dispatcher_process_settle(); "
+        "print(before, first, frozen > 10000, second, gc.get_freeze_count() == frozen)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=ROOT, env=child_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True", "True", "False", "True"]
+
+
+def settles(monkeypatch, module):
+    """Record the calls of ``module``'s dispatcher_process_settle (and leave this test process's
+    garbage collector as it is)."""
+    calls = []
+    monkeypatch.setattr(module, "dispatcher_process_settle", lambda: calls.append(1))
+    return calls
+
+
 def test_dispatch_task_delivers_and_queues_a_follow_up_when_time_runs_out(smtp_server, smtp_config, monkeypatch):
     make_operators()
     queue(3)
+    settled = settles(monkeypatch, tasks)
     assert "delivered 3" in tasks.dispatch_task()
+    assert settled == [1]
     assert smtp_server.count == 3
     queue(2)
     monkeypatch.setattr(tasks, "task_time_budget", lambda: 0)
@@ -150,10 +175,14 @@ def test_an_ingested_notification_is_delivered_by_the_worker_within_seconds(tran
 # --- commands ---------------------------------------------------------------------------------
 
 
-def test_dispatch_once_delivers_everything_due_and_reports(smtp_server, smtp_config, capsys):
+def test_dispatch_once_delivers_everything_due_and_reports(smtp_server, smtp_config, capsys, monkeypatch):
+    from notifications.management.commands import dispatch as dispatch_command
+
     make_operators()
     queue(12)
+    settled = settles(monkeypatch, dispatch_command)
     call_command("dispatch", "--once", "--batch-size", "5")
+    assert settled == [1]
     out = capsys.readouterr().out
     assert "pass: claimed 12, delivered 12" in out
     assert "dispatch finished: delivered 12, retrying 0, parked 0" in out

@@ -15,7 +15,14 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import InterfaceError, OperationalError, connection
 
 from notifications.clock import database_now
-from notifications.dispatch import IDLE_PAUSE_SECONDS, PassReport, dispatch_pass, dispatch_wake_at, worker_id_new
+from notifications.dispatch import (
+    IDLE_PAUSE_SECONDS,
+    PassReport,
+    dispatch_pass,
+    dispatch_wake_at,
+    dispatcher_process_settle,
+    worker_id_new,
+)
 
 
 class Command(BaseCommand):
@@ -39,6 +46,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         self.verbosity = options["verbosity"]
+        dispatcher_process_settle()  # start-up done: the garbage collector leaves it alone
         self.stop = threading.Event()
         self.install_signal_handlers()
         self.batch_size, self.concurrency, self.pass_seconds = batch_size, concurrency, pass_seconds
