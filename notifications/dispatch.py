@@ -626,7 +626,7 @@ def dispatcher_process_settle() -> bool:
     set-up — to the garbage collector's permanent generation (``gc.freeze()``), so that its
     collections no longer walk them. A pass allocates and frees thousands of objects per
     batch, and each full collection walked every object of the start-up again: measured, the
-    dispatcher processes' CPU per message fell by about a sixth (from 320–375 µs to 255–300
+    dispatcher processes' CPU per message fell by about a fifth (from 320–375 µs to 250–275
     µs). Objects still die by reference counting as before; only cycles that exist at this
     moment are never collected. Returns True the first time, False after."""
     global _settled_done
