@@ -74,20 +74,29 @@ def test_the_task_paths_queued_and_scheduled_name_the_worker_tasks():
     assert import_string(schedules.PURGE_TASK) is tasks.purge_task
 
 
+def fresh_process_output(code):
+    """What ``code`` prints when run by a fresh Python process with Django set up."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        check=False,
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def test_web_processes_do_not_import_the_worker():
     """Loading every URL, view and admin page (what gunicorn serves) imports neither the
     dispatcher nor the tasks."""
     code = (
-        "import sys, django; django.setup(); "
-        "from django.urls import get_resolver; get_resolver().url_patterns; "
+        "import sys; from django.urls import get_resolver; get_resolver().url_patterns; "
         "import notifications.api, notifications.admin, notifications.ingest; "
         "print(sorted(m for m in ('notifications.dispatch', 'notifications.tasks') if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], check=False, cwd=ROOT, env=child_env(), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert fresh_process_output(code) == "[]"
 
 
 def test_tasks_are_time_boxed_below_the_task_timeout_and_the_broker_lease():
@@ -96,17 +105,12 @@ def test_tasks_are_time_boxed_below_the_task_timeout_and_the_broker_lease():
 
 def test_a_dispatcher_process_hands_its_start_up_to_the_permanent_generation_once():
     code = (
-        "import gc, django; django.setup(); "
-        "from notifications.dispatch import dispatcher_process_settle; "
+        "import gc; from notifications.dispatch import dispatcher_process_settle; "
         "before = gc.get_freeze_count(); first = dispatcher_process_settle(); frozen = gc.get_freeze_count(); "
         "second = dispatcher_process_settle(); "
         "print(before, first, frozen > 10000, second, gc.get_freeze_count() == frozen)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], check=False, cwd=ROOT, env=child_env(), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", "True", "True", "False", "True"]
+    assert fresh_process_output(code).split() == ["0", "True", "True", "False", "True"]
 
 
 def settles(monkeypatch, module):
