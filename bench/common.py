@@ -172,12 +172,14 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """User and system CPU seconds of the running process ``pid`` so far, from Linux's
-    /proc; None where that cannot be read."""
+def process_cpu_seconds(pid: int, *, reaped_children: bool = False) -> float | None:
+    """User and system CPU seconds of the running process ``pid`` so far (with
+    ``reaped_children``: of its children that have ended instead), from Linux's /proc; None
+    where that cannot be read."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        first = 13 if reaped_children else 11  # cutime, cstime; else utime, stime
+        return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
 
@@ -194,11 +196,10 @@ def postgres_cpu_seconds(url: str) -> float | None:
             row = conn.execute("SHOW data_directory").fetchone()
         assert row is not None
         postmaster = int(Path(row[0], "postmaster.pid").read_text().split()[0])
-        time.sleep(0.2)  # sessions that just ended (this one too) are reaped by then
-        fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError, psycopg.Error):
         return None
+    time.sleep(0.2)  # sessions that just ended (this one too) are reaped by then
+    return process_cpu_seconds(postmaster, reaped_children=True)
 
 
 def _wait_for_lock_waiters(url: str, count: int, holder_pid: int, timeout: float = 120) -> None:

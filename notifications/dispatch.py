@@ -100,6 +100,8 @@ CLAIM_FIELDS = (
     "resolved_targets",
     "source_site_id",
 )
+# Oldest due first, as the due index (notif_due_idx) holds the rows: no due time, then by it.
+DUE_INDEX_ORDER = F("next_attempt_at").asc(nulls_first=True)
 # The columns finishing an attempt writes.
 ATTEMPT_RESULT_FIELDS = ("duration_ms", "outcome", "failure_class", "error", "detail")
 MAX_ERROR_LENGTH = 4000
@@ -135,11 +137,10 @@ def _oldest_due_lock(waiting: QuerySet[Notification], *, now: datetime, limit: i
     (:func:`~notifications.db.read_through_indexes`): with statistics taken before a backlog
     arrived, PostgreSQL would otherwise collect and sort the whole backlog for every claim.
     """
-    in_index_order = F("next_attempt_at").asc(nulls_first=True)
-    undated = waiting.filter(next_attempt_at__isnull=True).order_by(in_index_order)
+    undated = waiting.filter(next_attempt_at__isnull=True).order_by(DUE_INDEX_ORDER)
     rows = list(db.lock_skipping_locked(undated).only(*CLAIM_FIELDS)[:limit])
     if len(rows) < limit:
-        dated = waiting.filter(next_attempt_at__lte=now).order_by(in_index_order)
+        dated = waiting.filter(next_attempt_at__lte=now).order_by(DUE_INDEX_ORDER)
         rows += db.lock_skipping_locked(dated).only(*CLAIM_FIELDS)[: limit - len(rows)]
     return rows
 
@@ -248,26 +249,22 @@ def dispatch_wake_at(*, channels: dict[str, Channel] | None = None, now: datetim
     channels = dispatch_channels() if channels is None else channels
     health = {(row.channel, row.endpoint): row for row in ChannelHealth.objects.all()}
     unleased = _unleased_q(now)
-    firsts: dict[str, list[datetime | None]] = {}
+    wake: datetime | None = None
     with transaction.atomic():
         db.read_through_indexes()  # the due index in its order: one row, not a sorted backlog
         for channel in channels.values():
-            firsts[channel.name] = list(
+            first = list(
                 Notification.objects.filter(unleased, type=channel.name)
-                .order_by(F("next_attempt_at").asc(nulls_first=True))
+                .order_by(DUE_INDEX_ORDER)
                 .values_list("next_attempt_at", flat=True)[:1]
             )
-    wake: datetime | None = None
-    for channel in channels.values():
-        first = firsts[channel.name]
-        if not first:
-            continue
-        when = max(first[0] or now, now)
-        if channel.endpoint is not None:
-            when = max(
-                when, channel_gate_wait(channel=channel, health=health.get((channel.name, channel.endpoint)), now=now)
-            )
-        wake = when if wake is None else min(wake, when)
+            if not first:
+                continue
+            when = max(first[0] or now, now)
+            if channel.endpoint is not None:
+                health_row = health.get((channel.name, channel.endpoint))
+                when = max(when, channel_gate_wait(channel=channel, health=health_row, now=now))
+            wake = when if wake is None else min(wake, when)
     return wake
 
 
