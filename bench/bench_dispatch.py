@@ -15,8 +15,10 @@ tests' aiosmtpd server with ``--sink aiosmtpd``), in one run:
    throughput are measured ``--rounds`` times, alternately, and the ratio is the median of each
    round's throughput over its own ceiling (this machine's speed drifts between runs). Each
    round also reports the CPU (user and system) a message cost: bare smtplib's client, the
-   dispatcher processes' (start-up excluded) and, where the server runs on this machine,
-   PostgreSQL's sessions'. Then the same for ``--rich-count``
+   dispatcher processes' (start-up excluded), the sink's and, where the server runs on this
+   machine, PostgreSQL's sessions'; from the last three, the throughput the dispatch could
+   reach with every core of this machine busy (what ratio this machine allows at all at that
+   cost). Then the same for ``--rich-count``
    rich notifications (an HTML alarm table and a 100 KB attachment, composed with the email
    package), beside their own raw ceiling (the same rich messages composed and sent by bare
    smtplib).
@@ -62,6 +64,7 @@ from bench.common import (
     own_cpu_seconds,
     percentile,
     postgres_cpu_seconds,
+    process_cpu_seconds,
     setup_django,
     threads_run,
     write_results,
@@ -144,12 +147,29 @@ def build_message(notification_id: str, type_data: dict[str, Any] | None = None)
     )
 
 
+# The cores the dispatchers, PostgreSQL and the sink share (all on this machine in the benchmark).
+CORES = len(os.sched_getaffinity(0))
+
+
+def cpu_bound_per_second(cpu_per_message: dict[str, float]) -> float | None:
+    """What the dispatch could reach if every core of this machine were busy with it, from what
+    a message cost the dispatchers, PostgreSQL and the sink (µs): ``CORES`` seconds of CPU per
+    second over their sum. None unless all three were measured (PostgreSQL elsewhere, or /proc
+    unreadable). Compared with the raw ceiling, it says which ratio this machine allows at all
+    at today's cost per message: bare smtplib is one process, bound by one core and no database;
+    the dispatch is bound by all the cores it shares with PostgreSQL and the sink."""
+    if not {"dispatchers_us", "postgres_us", "sink_us"} <= cpu_per_message.keys():
+        return None
+    return CORES / (sum(cpu_per_message.values()) / 1e6)
+
+
 def raw_ceiling(
     count: int, concurrency: int, type_data: dict[str, Any] | None = None, cpu: dict[str, float] | None = None
 ) -> tuple[float, float]:
     """Bare smtplib, ``concurrency`` threads, persistent connections: messages/s and seconds,
     each message composed as the adapter composes it (from ``type_data``). ``cpu``, if given,
-    receives the client's CPU seconds (``"client"``: user and system, its threads together)."""
+    receives the client's CPU seconds (``"client"``: user and system, its threads together) and,
+    where /proc can be read, the sink's (``"sink"``)."""
     sink = start_sink()
     ids = [str(uuid.uuid4()) for _ in range(count)]
 
@@ -158,10 +178,13 @@ def raw_ceiling(
             for notification_id in chunk:
                 smtp.sendmail("outbox@bench.invalid", RECIPIENTS, build_message(notification_id, type_data))
 
-    started = own_cpu_seconds()
+    started, sink_started = own_cpu_seconds(), process_cpu_seconds(sink.process.pid)
     seconds = threads_run(send, ids, concurrency)
     if cpu is not None:
         cpu["client"] = own_cpu_seconds() - started
+        sink_ended = process_cpu_seconds(sink.process.pid)
+        if sink_started is not None and sink_ended is not None:
+            cpu["sink"] = sink_ended - sink_started
     received = sink.stop()
     assert sorted(received) == sorted(ids), "the sink did not receive every raw message exactly once"
     return count / seconds, seconds
@@ -232,14 +255,19 @@ def dispatch_throughput(
     per_process = max(1, concurrency // processes)
     cpu: dict[str, float] = {}
     postgres_before = postgres_cpu_seconds(url)
+    sink_before = process_cpu_seconds(sink.process.pid)
     started = time.perf_counter()
     dispatchers_run(url=url, processes=processes, concurrency=per_process, batch_size=batch_size, gate=True, cpu=cpu)
     wall = time.perf_counter() - started
     postgres_after = postgres_cpu_seconds(url)
-    # CPU per message: the dispatchers' without their start-up; PostgreSQL's where it runs here.
+    sink_after = process_cpu_seconds(sink.process.pid)
+    # CPU per message: the dispatchers' without their start-up; PostgreSQL's where it runs here;
+    # the sink's (it shares this machine's cores).
     cpu_per_message = {"dispatchers_us": (cpu["total"] - cpu["start_up"]) / count * 1e6}
     if postgres_before is not None and postgres_after is not None:
         cpu_per_message["postgres_us"] = (postgres_after - postgres_before) / count * 1e6
+    if sink_before is not None and sink_after is not None:
+        cpu_per_message["sink_us"] = (sink_after - sink_before) / count * 1e6
     received = sink.stop()
     counts = Counter(received)
     exactly_once = set(counts) == set(ids) and all(n == 1 for n in counts.values())
@@ -584,9 +612,13 @@ def main() -> int:
             raw_cpu: dict[str, float] = {}
             entry["raw_per_second"], _ = raw_ceiling(args.count, args.concurrency, cpu=raw_cpu)
             entry["raw_client_cpu_us"] = raw_cpu["client"] / args.count * 1e6
+            raw_sink = ""
+            if "sink" in raw_cpu:
+                entry["raw_sink_cpu_us"] = raw_cpu["sink"] / args.count * 1e6
+                raw_sink = f", sink {entry['raw_sink_cpu_us']:.0f} µs"
             print(
                 f"round {round_number}: raw smtplib {entry['raw_per_second']:,.0f} messages/s "
-                f"(client CPU {entry['raw_client_cpu_us']:.0f} µs a message)",
+                f"(CPU a message: client {entry['raw_client_cpu_us']:.0f} µs{raw_sink})",
                 flush=True,
             )
         if "throughput" not in args.skip:
@@ -594,13 +626,27 @@ def main() -> int:
             entry.update(throughput=result, per_second=result["per_second"])
             cpu = result["cpu_per_message"]
             postgres = f", PostgreSQL {cpu['postgres_us']:.0f} µs" if "postgres_us" in cpu else ""
+            sink = f", sink {cpu['sink_us']:.0f} µs" if "sink_us" in cpu else ""
             print(
                 f"round {round_number}: dispatch {result['per_second']:,.0f} notifications/s over "
                 f"{result['seconds']:.2f} s (wall with start-up {result['wall_seconds']:.2f} s: "
                 f"{result['wall_per_second']:,.0f}/s), exactly once: {result['exactly_once']}; "
-                f"CPU a message: dispatchers {cpu['dispatchers_us']:.0f} µs{postgres}",
+                f"CPU a message: dispatchers {cpu['dispatchers_us']:.0f} µs{postgres}{sink}",
                 flush=True,
             )
+            bound = cpu_bound_per_second(cpu)
+            if bound is not None:
+                entry["cpu_bound_per_second"] = bound
+                print(
+                    f"round {round_number}: {sum(cpu.values()):.0f} µs of CPU a message on {CORES} cores: "
+                    f"at most {bound:,.0f} notifications/s with every core busy"
+                    + (
+                        f" ({bound / entry['raw_per_second']:.2f} × this round's ceiling)"
+                        if "raw_per_second" in entry
+                        else ""
+                    ),
+                    flush=True,
+                )
             if "raw_per_second" in entry:
                 entry["ratio"] = result["per_second"] / entry["raw_per_second"]
         rounds.append(entry)
@@ -661,6 +707,20 @@ def main() -> int:
                     True,
                 )
             )
+            bounds = [entry["cpu_bound_per_second"] for entry in rounds if "cpu_bound_per_second" in entry]
+            if bounds:
+                bound = statistics.median(bounds)
+                details["throughput"]["cpu_bound_per_second"] = round(bound, 1)
+                checks.append(
+                    check(
+                        f"dispatch with every core busy ({CORES} cores / CPU a message; median)",
+                        bound,
+                        "emails/s",
+                        "reference",
+                        True,
+                        ratio=bound / raw_rate,
+                    )
+                )
             checks.append(
                 check(
                     "raw pipelined client (composes, records nothing)",
