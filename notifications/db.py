@@ -30,6 +30,8 @@ from django.db.models import (
     QuerySet,
     TextField,
 )
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 ModelT = TypeVar("ModelT", bound=Model)
@@ -45,6 +47,30 @@ def database_now() -> datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
         return cursor.fetchone()[0]
+
+
+# --- instances of loaded rows ----------------------------------------------------------------
+
+
+def instance_loaded(
+    model: type[ModelT], alias: str, field_names: Sequence[str], values: Sequence[Any]
+) -> ModelT | None:
+    """For a model's ``from_db``: the instance of a row loaded from the database ``alias`` (the
+    loaded columns' attribute names and their converted values), as Django's own ``from_db``
+    builds it — those attributes set, every other field deferred (read on first access), the
+    instance "from the database, not new" — but without ``Model.__init__``, which walks every
+    field of the model for every row: for the dispatcher's claim that cost more than reading the
+    row (measured on one thread: 19 µs a row with it, 13 µs without). None when the model has
+    ``pre_init`` or ``post_init`` receivers: those need Django's own path, which calls them."""
+    if pre_init.has_listeners(model) or post_init.has_listeners(model):
+        return None
+    new = model.__new__(model)
+    new.__dict__.update(zip(field_names, values, strict=True))
+    state = ModelState()
+    state.adding = False
+    state.db = alias
+    new._state = state
+    return new
 
 
 # --- row locks -------------------------------------------------------------------------------
@@ -390,6 +416,30 @@ def storable(value: Any) -> Any:
     return value
 
 
+def storable_with_text(value: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """:func:`storable` of ``value`` and the JSON text of the result, keys sorted (equal values,
+    equal texts: a key to group by). Written once where nothing needs repair, as almost always."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+        if _text_storable(text):
+            return value, text
+    except ValueError:  # a value JSON cannot write as it is (a circular one): the careful way
+        pass
+    repaired = storable(value)
+    return repaired, json.dumps(repaired, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def _text_storable(text: str) -> bool:
+    """True when JSON ``text`` holds no NUL escape and encodes as UTF-8 (no unpaired surrogate);
+    False also for a string that holds the six characters of the escape: the careful way then
+    decides."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\\u0000" not in text
+
+
 def _storable_as_is(value: dict[Any, Any] | list[Any]) -> bool:
     """True when no string in ``value`` needs :func:`storable`'s repair: its JSON text (which
     writes NUL as ``\\u0000`` and keeps an unpaired surrogate as it is) holds no NUL escape
@@ -397,40 +447,51 @@ def _storable_as_is(value: dict[Any, Any] | list[Any]) -> bool:
     the six characters of the escape): the item-by-item repair then decides."""
     try:
         text = json.dumps(value, ensure_ascii=False, default=str)
-        text.encode("utf-8")
     except Exception:  # noqa: BLE001 - whatever JSON cannot write as it is goes the careful way
         return False
-    return "\\u0000" not in text
+    return _text_storable(text)
 
 
 # --- batch update by primary key --------------------------------------------------------------
 
 
 def update_by_pk(objects: Sequence[Model], fields: Sequence[str]) -> None:
-    """Write ``fields`` of ``objects`` (all of one model) back, matched by primary key; each
-    value is first made :func:`storable` (on the object too, so it holds what was written).
+    """Write ``fields`` of ``objects`` (all of one model) back, matched by primary key, every
+    value made :func:`storable` (on the object too, so it holds what was written).
 
     On PostgreSQL this is one ``UPDATE … FROM jsonb_to_recordset``: Django's ``bulk_update``
     builds a CASE per row and field, which costs more than the work being recorded.
     """
     if not objects:
         return
-    for obj in objects:
-        for name in fields:
-            setattr(obj, name, storable(getattr(obj, name)))
     model = type(objects[0])
     if connection.vendor != "postgresql":
+        _storable_fields(objects, fields)
         model._default_manager.bulk_update(objects, list(fields), batch_size=200)
         return
     sql = _postgresql_update(model, tuple(fields))
     pk_name = model._meta.pk.attname if model._meta.pk else "pk"
-    document = json.dumps(
-        [{pk_name: obj.pk, **{name: getattr(obj, name) for name in fields}} for obj in objects],
-        default=_json_value,
-        ensure_ascii=False,
-    )
+
+    def document() -> str:
+        return json.dumps(
+            [{pk_name: obj.pk, **{name: getattr(obj, name) for name in fields}} for obj in objects],
+            default=_json_value,
+            ensure_ascii=False,
+        )
+
+    # The whole document is checked once; only one that needs repair is repaired value by value.
+    text = document()
+    if not _text_storable(text):
+        _storable_fields(objects, fields)
+        text = document()
     with connection.cursor() as cursor:
-        cursor.execute(sql, [document])
+        cursor.execute(sql, [text])
+
+
+def _storable_fields(objects: Sequence[Model], fields: Sequence[str]) -> None:
+    for obj in objects:
+        for name in fields:
+            setattr(obj, name, storable(getattr(obj, name)))
 
 
 @cache

@@ -27,7 +27,6 @@ finished, the row's ``last_attempt_at``; ``duration_ms`` is the adapter call's o
 """
 
 import gc
-import json
 import logging
 import os
 import random
@@ -385,8 +384,8 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             if error is not None and error.failure_class in CHANNEL_FAILURES:
                 seen[2].append(error.message)
         # Text from remote servers (replies, refusals) must not make the transaction fail.
-        changes = db.storable(changes)
-        key = (item.channel.name, row.status, kind, json.dumps(changes, sort_keys=True, default=str))
+        changes, text = db.storable_with_text(changes)
+        key = (item.channel.name, row.status, kind, text)
         groups.setdefault(key, (changes, []))[1].append(row)
     counted: list[tuple[str, str, int]] = []
     delivered_created: list[datetime] = []

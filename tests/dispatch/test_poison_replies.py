@@ -3,6 +3,7 @@ cannot store as it is (a NUL byte, control characters) is recorded in a storable
 other rows of the pass are delivered and finished as usual (once each)."""
 
 import pytest
+from django.utils import timezone
 
 from notifications import db
 from notifications.models import DeliveryAttempt
@@ -57,3 +58,36 @@ def test_the_storage_seam_leaves_clean_values_as_they_are():
         "note": "\\u0000",
     }
     assert db.storable(["é ✓", 1.5, None, True]) == ["é ✓", 1.5, None, True]
+
+
+def test_the_storage_seam_with_text_gives_the_stored_value_and_a_text_that_groups_equal_values():
+    clean = {"status": "Delivered", "last_error": "", "targets": [{"target": "ops@example.com", "code": 250}]}
+    stored, text = db.storable_with_text(clean)
+    assert stored is clean  # nothing to repair: the value itself, serialised once
+    reordered = {"targets": [{"code": 250, "target": "ops@example.com"}], "last_error": "", "status": "Delivered"}
+    assert db.storable_with_text(reordered)[1] == text  # equal values, equal texts
+
+    poisoned = {"last_error": "421 \x00 closing", "detail": {"reply": "\ud800"}}
+    stored, text = db.storable_with_text(poisoned)
+    assert stored == {"last_error": "421 \\x00 closing", "detail": {"reply": "\ufffd"}}
+    assert text == db.storable_with_text(stored)[1]  # the text of what is stored, not of the input
+    text.encode("utf-8")
+
+
+def test_results_written_back_by_primary_key_are_stored_repaired_and_the_objects_hold_what_was_written(
+    smtp_config,
+):
+    clean, poisoned = (
+        DeliveryAttempt.objects.create(notification=row, started_at=timezone.now(), worker="w")
+        for row in queue(2)
+    )
+    clean.error, clean.detail = "250 ok", {"smtp_reply": "2.0.0 ok"}
+    poisoned.error, poisoned.detail = "451 \x00 later", {"smtp_reply": "\ud800 \x00"}
+
+    db.update_by_pk([clean, poisoned], ["error", "detail"])
+
+    assert (poisoned.error, poisoned.detail) == ("451 \\x00 later", {"smtp_reply": "\ufffd \\x00"})
+    for attempt in (clean, poisoned):
+        stored = DeliveryAttempt.objects.get(pk=attempt.pk)
+        assert (stored.error, stored.detail) == (attempt.error, attempt.detail)
+    assert (clean.error, clean.detail) == ("250 ok", {"smtp_reply": "2.0.0 ok"})

@@ -1,0 +1,71 @@
+"""Notifications loaded from the database are built without ``Model.__init__``
+(notifications.db.instance_loaded), for the dispatcher's claim: each must be the instance
+Django's own ``from_db`` builds — the same attributes, the same deferred fields, loaded and
+saved the same way — and a model with ``post_init`` receivers keeps Django's path."""
+
+import pytest
+from django.db import connection
+from django.db.models import Model
+from django.db.models.signals import post_init
+
+from notifications.dispatch import CLAIM_FIELDS
+from notifications.models import Notification
+from tests.dispatch.conftest import queue
+
+pytestmark = pytest.mark.django_db
+
+
+def django_built(names: list[str], values: tuple) -> Notification:
+    """The instance Django's own ``Model.from_db`` builds for the same row."""
+    return Model.from_db.__func__(Notification, connection.alias, names, values)  # type: ignore[attr-defined]
+
+
+def attributes(instance: Notification) -> dict:
+    return {name: value for name, value in instance.__dict__.items() if name != "_state"}
+
+
+@pytest.mark.parametrize("fields", [None, list(dict.fromkeys(CLAIM_FIELDS))], ids=["whole row", "the claim's columns"])
+def test_a_loaded_row_is_the_instance_django_builds(fields):
+    (row,) = queue(subject="Pump 3 tripped", type_data={"cc": ["shift@example.com"]})
+    rows = Notification.objects.filter(pk=row.pk)
+    loaded = (rows.only(*fields) if fields else rows).get()
+    # Django hands the loaded columns over in the model's order.
+    names = [field.attname for field in Notification._meta.concrete_fields if not fields or field.attname in fields]
+    reference = django_built(names, tuple(getattr(loaded, name) for name in names))
+
+    assert type(loaded) is Notification
+    assert attributes(loaded) == attributes(reference)
+    assert loaded.get_deferred_fields() == reference.get_deferred_fields()
+    assert (loaded._state.adding, loaded._state.db) == (False, connection.alias)
+    assert loaded == row
+    assert loaded.type_data == {"cc": ["shift@example.com"]}  # JSON decoded as Django decodes it
+
+
+def test_a_deferred_field_is_read_on_first_access_and_a_save_updates_the_row():
+    (row,) = queue(subject="Pump 3 tripped")
+    loaded = Notification.objects.only("notification_id", "status").get(pk=row.pk)
+    assert "last_error" in loaded.get_deferred_fields()
+
+    assert loaded.subject == "Pump 3 tripped"  # read now, from the database
+    loaded.last_error = "edited"
+    loaded.save(update_fields=["last_error"])
+
+    assert Notification.objects.count() == 1  # an update, never a second row
+    assert Notification.objects.get(pk=row.pk).last_error == "edited"
+
+
+def test_a_post_init_receiver_keeps_djangos_path_and_runs():
+    (row,) = queue()
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance.pk)
+
+    post_init.connect(receiver, sender=Notification)
+    try:
+        loaded = Notification.objects.get(pk=row.pk)
+    finally:
+        post_init.disconnect(receiver, sender=Notification)
+
+    assert seen == [row.pk]
+    assert attributes(loaded) == attributes(Notification.objects.get(pk=row.pk))
