@@ -78,8 +78,7 @@ def test_results_written_back_by_primary_key_are_stored_repaired_and_the_objects
     smtp_config,
 ):
     clean, poisoned = (
-        DeliveryAttempt.objects.create(notification=row, started_at=timezone.now(), worker="w")
-        for row in queue(2)
+        DeliveryAttempt.objects.create(notification=row, started_at=timezone.now(), worker="w") for row in queue(2)
     )
     clean.error, clean.detail = "250 ok", {"smtp_reply": "2.0.0 ok"}
     poisoned.error, poisoned.detail = "451 \x00 later", {"smtp_reply": "\ud800 \x00"}
