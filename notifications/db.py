@@ -229,11 +229,10 @@ def insert_for_each(
     On PostgreSQL one ``INSERT … SELECT FROM unnest(array)``: ``bulk_create`` binds every value
     of every row as a parameter of its own, and parsing that statement costs more than the
     insert itself."""
-    objects = [model(**{column: value}, **common) for value in values]
-    if not objects:
-        return objects
+    if not values:
+        return []
     if connection.vendor != "postgresql":
-        return model._default_manager.bulk_create(objects)
+        return model._default_manager.bulk_create([model(**{column: value}, **common) for value in values])
     meta = model._meta
     varying = cast(Field, meta.get_field(column))
     sql, slots = _postgresql_insert_for_each(model, varying.attname, tuple(sorted(common)))
@@ -241,14 +240,36 @@ def insert_for_each(
         cast(Field, meta.get_field(value)).get_db_prep_save(common[value], connection) if is_common else value
         for is_common, value in slots
     ]
-    params.append([varying.get_db_prep_save(getattr(obj, varying.attname), connection) for obj in objects])
+    params.append([varying.get_db_prep_save(value, connection) for value in values])
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         keys = dict(cursor.fetchall())
-    for obj in objects:
-        obj.pk = keys[varying.to_python(getattr(obj, varying.attname))]
-        obj._state.adding = False
-        obj._state.db = connection.alias
+    # The rows are in the database now: their objects are built as loaded rows are
+    # (instance_loaded), each with the defaults a new object would get (a callable default
+    # called once per object).
+    assert meta.pk is not None
+    base: dict[str, Any] = {}
+    called: list[Field] = []
+    for field in meta.concrete_fields:
+        name = field.attname
+        if name in common:
+            base[name] = common[name]
+        elif name != varying.attname and field is not meta.pk:
+            if field.has_default() and callable(field.default):
+                called.append(field)
+            else:
+                base[name] = field.get_default()
+    objects = []
+    for value in values:
+        attributes = {**base, varying.attname: value, meta.pk.attname: keys[varying.to_python(value)]}
+        for field in called:
+            attributes[field.attname] = field.get_default()
+        obj = instance_loaded(model, connection.alias, list(attributes), list(attributes.values()))
+        if obj is None:  # pre_init/post_init receivers: Django's own construction
+            obj = model(**attributes)
+            obj._state.adding = False
+            obj._state.db = connection.alias
+        objects.append(obj)
     return objects
 
 

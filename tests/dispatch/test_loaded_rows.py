@@ -1,15 +1,16 @@
-"""Notifications loaded from the database are built without ``Model.__init__``
-(notifications.db.instance_loaded), for the dispatcher's claim: each must be the instance
-Django's own ``from_db`` builds — the same attributes, the same deferred fields, loaded and
-saved the same way — and a model with ``post_init`` receivers keeps Django's path."""
+"""Notifications loaded from the database, and the attempts the dispatcher records, are built
+without ``Model.__init__`` (notifications.db.instance_loaded): each must be the instance Django
+builds — the same attributes, the same deferred fields, loaded and saved the same way — and a
+model with ``post_init`` receivers keeps Django's path."""
 
 import pytest
 from django.db import connection
 from django.db.models import Model
 from django.db.models.signals import post_init
+from django.utils import timezone
 
-from notifications.dispatch import CLAIM_FIELDS
-from notifications.models import Notification
+from notifications.dispatch import CLAIM_FIELDS, delivery_attempts_record
+from notifications.models import DeliveryAttempt, Notification
 from tests.dispatch.conftest import queue
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +21,7 @@ def django_built(names: list[str], values: tuple) -> Notification:
     return Model.from_db.__func__(Notification, connection.alias, names, values)  # type: ignore[attr-defined]
 
 
-def attributes(instance: Notification) -> dict:
+def attributes(instance: Model) -> dict:
     return {name: value for name, value in instance.__dict__.items() if name != "_state"}
 
 
@@ -69,3 +70,21 @@ def test_a_post_init_receiver_keeps_djangos_path_and_runs():
 
     assert seen == [row.pk]
     assert attributes(loaded) == attributes(Notification.objects.get(pk=row.pk))
+
+
+def test_recorded_attempts_are_the_rows_in_the_database_each_with_its_own_defaults():
+    rows = queue(3)
+    now = timezone.now()
+
+    attempts = delivery_attempts_record(worker_id="dispatch:test", notifications=rows, now=now)
+
+    assert list(attempts) == [row.pk for row in rows]  # in the order of the rows
+    for row in rows:
+        recorded = attempts[row.pk]
+        stored = DeliveryAttempt.objects.get(pk=recorded.pk)
+        assert attributes(recorded) == attributes(stored)
+        assert (recorded._state.adding, recorded._state.db) == (False, connection.alias)
+        assert (recorded.outcome, recorded.worker, recorded.started_at) == ("in_progress", "dispatch:test", now)
+    first, second, _ = attempts.values()
+    first.detail["probe"] = True
+    assert second.detail == {}  # a callable default is called for every object, never shared
