@@ -54,6 +54,7 @@ from notifications.adapters.smtp_connect import (
     ConnectSettings,
     commands_send,
     connect_hint,
+    reply_timeout,
     smtp_open,
     tls_context,
 )
@@ -485,8 +486,7 @@ class EmailSession(Session):
             failure = classify(exc, stage="DATA")
             return _Transaction(entries=_failed(accepted, failure), failure=failure, broken=True)
         try:
-            if smtp.sock is not None:
-                smtp.sock.settimeout(self._data_wait())
+            reply_timeout(smtp, self._data_wait())
             code, reply = smtp.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             lost = classify(exc, stage="end of data")
@@ -499,8 +499,7 @@ class EmailSession(Session):
             )
             return _Transaction(entries=_unanswered(accepted, failure, unanswered), failure=failure, broken=True)
         finally:
-            if smtp.sock is not None:
-                smtp.sock.settimeout(self.timeout)
+            reply_timeout(smtp, self.timeout)
         if not 200 <= code < 600:
             failure = DeliveryError(
                 f"SMTP server answered the end of the message with an unreadable reply: {_text(reply)[:200]}",

@@ -19,20 +19,33 @@ and for the console's "Send test email" alike, so both go through one code path.
   (:class:`AuthGate`) and fails its later connections with it without connecting again, and
   connections wait for the first AUTH of the pass to succeed before trying theirs, so a wrong
   password costs one failed login per pass, never a burst that locks the account.
+* **Waits in the kernel once connected.** A plaintext connection, once it is set up, waits for
+  the server with the kernel's own socket timeouts (``SO_RCVTIMEO``/``SO_SNDTIMEO``) on a
+  blocking socket instead of Python's: each read or write is then one system call instead of
+  a ``poll`` and the call, and a thread gives up the interpreter lock once per call instead of
+  twice. With eight delivery threads, measured on two cores, that is a fifth less CPU a
+  message (:func:`transfer_mode`). TLS connections keep Python's timeouts: on a blocking TLS
+  socket a read that timed out in the kernel would be retried by the ssl module, never raised.
 """
 
 import contextlib
+import io
 import smtplib
 import socket
 import ssl
+import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from notifications.adapters.base import DeliveryError, FailureClass
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 # How long the server may stay silent before its first byte (see the module docstring).
 GREETING_FIRST_BYTE_SECONDS = 5.0
@@ -41,6 +54,9 @@ IMPLICIT_TLS_PORT = 465
 # Password mechanisms in the order they are preferred when the connection is encrypted;
 # without encryption CRAM-MD5 (which does not send the password) comes first.
 PASSWORD_MECHANISMS = ("PLAIN", "LOGIN", "CRAM-MD5")
+# Kernel socket timeouts (see the module docstring) are set as a Linux ``struct timeval``;
+# elsewhere connections keep Python's timeouts.
+KERNEL_TIMEOUTS = sys.platform.startswith("linux")
 
 
 class ConnectFailure(smtplib.SMTPException):
@@ -200,11 +216,32 @@ def commands_send(smtp: smtplib.SMTP, commands: Sequence[str]) -> list[tuple[int
     return [smtp.getreply() for _ in commands]
 
 
+class _Receiver(io.RawIOBase):
+    """The reading side of a plaintext connection (smtplib reads replies through a buffered
+    reader over it): ``recv_into``, with a read that timed out in the kernel (``EAGAIN`` once
+    ``SO_RCVTIMEO`` has passed, see :func:`transfer_mode`) raised as the TimeoutError a Python
+    timeout raises, so both read the same to the caller (a failure of class timeout)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            return self._sock.recv_into(buffer)
+        except BlockingIOError as exc:
+            raise TimeoutError("timed out") from exc
+
+
 class _SMTP(_QuotingOnce, smtplib.SMTP):
     """smtplib.SMTP waiting only :data:`GREETING_FIRST_BYTE_SECONDS` for the greeting's first
-    byte."""
+    byte, and able to wait with kernel timeouts once set up (:func:`transfer_mode`)."""
 
     _greeting = False
+    kernel_timeouts = False  # set by transfer_mode
 
     def connect(self, host: str = "localhost", port: int = 0, source_address: Any = None) -> tuple[int, bytes]:
         self._greeting = True
@@ -224,7 +261,51 @@ class _SMTP(_QuotingOnce, smtplib.SMTP):
                 raise NoGreeting(wait) from exc
             finally:
                 self.sock.settimeout(self.timeout)
+        if self.file is None and self.sock is not None and not isinstance(self.sock, ssl.SSLSocket):
+            self.file = io.BufferedReader(_Receiver(self.sock))
         return super().getreply()
+
+    def send(self, s: "ReadableBuffer | str") -> None:
+        try:
+            super().send(s)
+        except smtplib.SMTPServerDisconnected as exc:
+            if isinstance(exc.__context__, BlockingIOError):  # SO_SNDTIMEO passed: a timeout
+                raise smtplib.SMTPServerDisconnected("Server not connected: timed out") from TimeoutError("timed out")
+            raise
+
+
+def transfer_mode(smtp: smtplib.SMTP) -> None:
+    """Once ``smtp`` is set up (greeted, EHLO, authenticated): a plaintext connection waits
+    from now on with the kernel's timeouts, ``smtp.timeout`` for every read and write, on a
+    blocking socket (see the module docstring). A TLS connection, or one on a system other
+    than Linux, is left as it is."""
+    sock = smtp.sock
+    if not (KERNEL_TIMEOUTS and isinstance(smtp, _SMTP) and smtp.timeout and sock is not None):
+        return
+    if isinstance(sock, ssl.SSLSocket):
+        return
+    _kernel_timeout(sock, socket.SO_SNDTIMEO, smtp.timeout)
+    _kernel_timeout(sock, socket.SO_RCVTIMEO, smtp.timeout)
+    sock.settimeout(None)
+    smtp.kernel_timeouts = True
+
+
+def reply_timeout(smtp: smtplib.SMTP, seconds: float) -> None:
+    """Wait at most ``seconds`` for each read of ``smtp`` from now on, in whichever way the
+    connection waits (:func:`transfer_mode`)."""
+    if smtp.sock is None:
+        return
+    if getattr(smtp, "kernel_timeouts", False):
+        _kernel_timeout(smtp.sock, socket.SO_RCVTIMEO, seconds)
+    else:
+        smtp.sock.settimeout(seconds)
+
+
+def _kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
+    """Set ``option`` (SO_RCVTIMEO or SO_SNDTIMEO) to ``seconds``, never to zero (which would
+    mean "wait for ever")."""
+    micros = max(int(seconds * 1_000_000), 1000)
+    sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("@ll", micros // 1_000_000, micros % 1_000_000))
 
 
 class _SMTP_SSL(_QuotingOnce, smtplib.SMTP_SSL):
@@ -310,6 +391,7 @@ def smtp_open(
             exc.stage = stage  # type: ignore[attr-defined]
         _close(smtp)
         raise
+    transfer_mode(smtp)
     return smtp
 
 

@@ -1,0 +1,111 @@
+"""Plaintext SMTP connections, once set up, wait with the kernel's socket timeouts on a blocking
+socket (notifications/adapters/smtp_connect.py, ``transfer_mode``): a server that goes silent or
+stops reading still ends in a failure of class timeout after the configured time, exactly as
+with Python's own timeouts; TLS connections keep Python's timeouts. Real sockets on loopback."""
+
+import contextlib
+import smtplib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from notifications.adapters.email import classify
+from notifications.adapters.smtp_connect import AuthGate, ConnectSettings, smtp_open
+from notifications.models import SmtpConfiguration
+from tests.dispatch.test_failure_classes import failure_of, plain_config
+
+
+@contextlib.contextmanager
+def mute_after_ehlo() -> Iterator[int]:
+    """A server that greets, answers EHLO (advertising PIPELINING) and then neither reads nor
+    answers anything, keeping the connection open until the test ends. Yields its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stopping = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not stopping.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            held.append(conn)
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                conn.sendall(b"220 mute ESMTP\r\n")
+                line = b""
+                while not line.endswith(b"\r\n"):
+                    line += conn.recv(1)
+                conn.sendall(b"250-mute\r\n250 PIPELINING\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stopping.set()
+        thread.join(5)
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def opened(config: SmtpConfiguration) -> smtplib.SMTP:
+    return smtp_open(ConnectSettings.of(config), context=None, gate=AuthGate(), classify=classify)
+
+
+def receive_timeout(sock: socket.socket) -> float:
+    seconds, micros = struct.unpack("@ll", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+    return seconds + micros / 1_000_000
+
+
+def test_a_plaintext_connection_waits_in_the_kernel_once_set_up(smtp_server):
+    smtp = opened(plain_config(smtp_server.port, timeout_seconds=7))
+    try:
+        assert smtp.sock.gettimeout() is None  # blocking: no poll before each call
+        assert receive_timeout(smtp.sock) == 7.0
+        assert smtp.noop()[0] == 250  # and it still speaks SMTP
+    finally:
+        smtp.quit()
+
+
+def test_a_tls_connection_keeps_python_timeouts(db, monkeypatch):
+    from tests.support.smtp import SmtpServer
+
+    with SmtpServer(security="tls") as server:
+        monkeypatch.setenv("SSL_CERT_FILE", server.ca_file)
+        config = plain_config(server.port, security="tls", timeout_seconds=7)
+        smtp = smtp_open(ConnectSettings.of(config), context=None, gate=AuthGate(), classify=classify)
+        try:
+            assert smtp.sock.gettimeout() == 7.0
+            assert receive_timeout(smtp.sock) == 0.0
+        finally:
+            smtp.quit()
+
+
+def test_a_server_silent_after_ehlo_is_class_timeout_after_the_configured_time():
+    with mute_after_ehlo() as port:
+        started = time.monotonic()
+        error = failure_of(plain_config(port, timeout_seconds=1))
+        elapsed = time.monotonic() - started
+    assert error.failure_class == "timeout"
+    assert "timed out" in error.message
+    assert 0.9 <= elapsed < 5
+
+
+def test_a_server_that_stops_reading_is_class_timeout_when_sending():
+    with mute_after_ehlo() as port:
+        smtp = opened(plain_config(port, timeout_seconds=1))
+        started = time.monotonic()
+        with pytest.raises(smtplib.SMTPServerDisconnected) as caught:
+            smtp.send(b"x" * (64 << 20))  # far more than both sides' socket buffers hold
+        elapsed = time.monotonic() - started
+    assert classify(caught.value, stage="DATA").failure_class == "timeout"
+    assert elapsed < 10
