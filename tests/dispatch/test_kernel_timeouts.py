@@ -20,9 +20,11 @@ from tests.dispatch.test_failure_classes import failure_of, plain_config
 
 
 @contextlib.contextmanager
-def mute_after_ehlo() -> Iterator[int]:
-    """A server that greets, answers EHLO (advertising PIPELINING) and then neither reads nor
-    answers anything, keeping the connection open until the test ends. Yields its port."""
+def mute_after_ehlo(*, trickle: bool = False) -> Iterator[int]:
+    """A server that greets, answers EHLO (advertising PIPELINING) and then answers nothing,
+    keeping the connection open until the test ends: it reads nothing more, or with
+    ``trickle`` 64 KiB every 0.3 s (never long enough for a 1 s timeout between two
+    pieces) for at most 20 s. Yields its port."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.1)
     stopping = threading.Event()
@@ -44,6 +46,10 @@ def mute_after_ehlo() -> Iterator[int]:
                 while not line.endswith(b"\r\n"):
                     line += conn.recv(1)
                 conn.sendall(b"250-mute\r\n250 PIPELINING\r\n")
+                until = time.monotonic() + 20
+                while trickle and not stopping.is_set() and time.monotonic() < until:
+                    conn.recv(65536)
+                    time.sleep(0.3)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -61,7 +67,8 @@ def opened(config: SmtpConfiguration) -> smtplib.SMTP:
     return smtp_open(ConnectSettings.of(config), context=None, gate=AuthGate(), classify=classify)
 
 
-def receive_timeout(sock: socket.socket) -> float:
+def receive_timeout(sock: socket.socket | None) -> float:
+    assert sock is not None
     seconds, micros = struct.unpack("@ll", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
     return seconds + micros / 1_000_000
 
@@ -69,7 +76,7 @@ def receive_timeout(sock: socket.socket) -> float:
 def test_a_plaintext_connection_waits_in_the_kernel_once_set_up(smtp_server):
     smtp = opened(plain_config(smtp_server.port, timeout_seconds=7))
     try:
-        assert smtp.sock.gettimeout() is None  # blocking: no poll before each call
+        assert smtp.sock is not None and smtp.sock.gettimeout() is None  # blocking: no poll before each call
         assert receive_timeout(smtp.sock) == 7.0
         assert smtp.noop()[0] == 250  # and it still speaks SMTP
     finally:
@@ -84,7 +91,7 @@ def test_a_tls_connection_keeps_python_timeouts(db, monkeypatch):
         config = plain_config(server.port, security="tls", timeout_seconds=7)
         smtp = smtp_open(ConnectSettings.of(config), context=None, gate=AuthGate(), classify=classify)
         try:
-            assert smtp.sock.gettimeout() == 7.0
+            assert smtp.sock is not None and smtp.sock.gettimeout() == 7.0
             assert receive_timeout(smtp.sock) == 0.0
         finally:
             smtp.quit()
@@ -109,3 +116,16 @@ def test_a_server_that_stops_reading_is_class_timeout_when_sending():
         elapsed = time.monotonic() - started
     assert classify(caught.value, stage="DATA").failure_class == "timeout"
     assert elapsed < 10
+
+
+def test_a_server_reading_a_large_message_slowly_is_class_timeout_after_the_configured_time():
+    """The kernel's send timeout restarts whenever the server takes a little; a large write
+    is bounded as a whole (else the trickle would hold the message past the claim's lease)."""
+    with mute_after_ehlo(trickle=True) as port:
+        smtp = opened(plain_config(port, timeout_seconds=1))
+        started = time.monotonic()
+        with pytest.raises(smtplib.SMTPServerDisconnected) as caught:
+            smtp.send(b"x" * (64 << 20))
+        elapsed = time.monotonic() - started
+    assert classify(caught.value, stage="DATA").failure_class == "timeout"
+    assert elapsed < 5
