@@ -54,7 +54,7 @@ from notifications.adapters.smtp_connect import (
     ConnectSettings,
     commands_send,
     connect_hint,
-    reply_timeout,
+    reply_wait,
     smtp_open,
     tls_context,
 )
@@ -486,8 +486,8 @@ class EmailSession(Session):
             failure = classify(exc, stage="DATA")
             return _Transaction(entries=_failed(accepted, failure), failure=failure, broken=True)
         try:
-            reply_timeout(smtp, self._data_wait())
-            code, reply = smtp.getreply()
+            with reply_wait(smtp, self._data_wait()):
+                code, reply = smtp.getreply()
         except (smtplib.SMTPException, OSError) as exc:
             lost = classify(exc, stage="end of data")
             failure = DeliveryError(
@@ -498,8 +498,6 @@ class EmailSession(Session):
                 ambiguous=True,
             )
             return _Transaction(entries=_unanswered(accepted, failure, unanswered), failure=failure, broken=True)
-        finally:
-            reply_timeout(smtp, self.timeout)
         if not 200 <= code < 600:
             failure = DeliveryError(
                 f"SMTP server answered the end of the message with an unreadable reply: {_text(reply)[:200]}",

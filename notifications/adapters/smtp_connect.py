@@ -39,7 +39,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
@@ -63,6 +63,8 @@ KERNEL_TIMEOUTS = sys.platform.startswith("linux")
 # bounds the whole write, where the kernel's restarts with every piece the server takes. A
 # write this small goes into the socket's buffer at once (Linux starts it at 16 KiB).
 KERNEL_SEND_BYTES = 16 * 1024
+# The shortest kernel timeout set (zero would mean "wait for ever").
+MIN_KERNEL_TIMEOUT = 0.001
 
 
 class ConnectFailure(smtplib.SMTPException):
@@ -226,20 +228,32 @@ class _Receiver(io.RawIOBase):
     """The reading side of a plaintext connection (smtplib reads replies through a buffered
     reader over it): ``recv_into``, with a read that timed out in the kernel (``EAGAIN`` once
     ``SO_RCVTIMEO`` has passed, see :func:`transfer_mode`) raised as the TimeoutError a Python
-    timeout raises, so both read the same to the caller (a failure of class timeout)."""
+    timeout raises, so both read the same to the caller (a failure of class timeout).
+
+    ``wait_until`` (a ``time.monotonic()`` time, set by :func:`reply_wait`) lets the reads wait
+    longer than the connection's timeout: a read that timed out waits again for what is left,
+    and only then fails. The answer to a message's end usually comes well within the
+    connection's timeout, so the longer wait costs no system call unless it is needed."""
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__()
         self._sock = sock
+        self.wait_until: float | None = None
+        self.extended = False  # SO_RCVTIMEO was changed for a longer wait
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        try:
-            return self._sock.recv_into(buffer)
-        except BlockingIOError as exc:
-            raise TimeoutError("timed out") from exc
+        while True:
+            try:
+                return self._sock.recv_into(buffer)
+            except BlockingIOError as exc:
+                left = 0.0 if self.wait_until is None else self.wait_until - time.monotonic()
+                if left < MIN_KERNEL_TIMEOUT:
+                    raise TimeoutError("timed out") from exc
+                _kernel_timeout(self._sock, socket.SO_RCVTIMEO, left)
+                self.extended = True
 
 
 class _SMTP(_QuotingOnce, smtplib.SMTP):
@@ -248,6 +262,7 @@ class _SMTP(_QuotingOnce, smtplib.SMTP):
 
     _greeting = False
     kernel_timeouts = False  # set by transfer_mode
+    receiver: _Receiver | None = None  # the reading side of a plaintext connection
 
     def connect(self, host: str = "localhost", port: int = 0, source_address: Any = None) -> tuple[int, bytes]:
         self._greeting = True
@@ -268,7 +283,8 @@ class _SMTP(_QuotingOnce, smtplib.SMTP):
             finally:
                 self.sock.settimeout(self.timeout)
         if self.file is None and self.sock is not None and not isinstance(self.sock, ssl.SSLSocket):
-            self.file = io.BufferedReader(_Receiver(self.sock))
+            self.receiver = _Receiver(self.sock)
+            self.file = io.BufferedReader(self.receiver)
         return super().getreply()
 
     def send(self, s: "ReadableBuffer | str") -> None:
@@ -308,21 +324,38 @@ def transfer_mode(smtp: smtplib.SMTP) -> None:
     smtp.kernel_timeouts = True
 
 
-def reply_timeout(smtp: smtplib.SMTP, seconds: float) -> None:
-    """Wait at most ``seconds`` for each read of ``smtp`` from now on, in whichever way the
-    connection waits (:func:`transfer_mode`)."""
-    if smtp.sock is None:
+@contextlib.contextmanager
+def reply_wait(smtp: smtplib.SMTP, seconds: float) -> Iterator[None]:
+    """Within: reads of ``smtp`` wait up to ``seconds`` (the answer to a message's end), then
+    the connection's timeout again, in whichever way the connection waits
+    (:func:`transfer_mode`)."""
+    receiver = getattr(smtp, "receiver", None)
+    if not getattr(smtp, "kernel_timeouts", False) or receiver is None:
+        if smtp.sock is not None:
+            smtp.sock.settimeout(seconds)
+        try:
+            yield
+        finally:
+            if smtp.sock is not None:
+                smtp.sock.settimeout(smtp.timeout)
         return
-    if getattr(smtp, "kernel_timeouts", False):
+    receiver.wait_until = time.monotonic() + seconds
+    if seconds < smtp.timeout and smtp.sock is not None:  # shorter than the connection's: at once
         _kernel_timeout(smtp.sock, socket.SO_RCVTIMEO, seconds)
-    else:
-        smtp.sock.settimeout(seconds)
+        receiver.extended = True
+    try:
+        yield
+    finally:
+        receiver.wait_until = None
+        if receiver.extended and smtp.sock is not None:
+            _kernel_timeout(smtp.sock, socket.SO_RCVTIMEO, smtp.timeout)
+        receiver.extended = False
 
 
 def _kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
     """Set ``option`` (SO_RCVTIMEO or SO_SNDTIMEO) to ``seconds``, never to zero (which would
     mean "wait for ever")."""
-    micros = max(int(seconds * 1_000_000), 1000)
+    micros = max(int(seconds * 1_000_000), int(MIN_KERNEL_TIMEOUT * 1_000_000))
     sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("@ll", micros // 1_000_000, micros % 1_000_000))
 
 

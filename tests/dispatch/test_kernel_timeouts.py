@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from notifications.adapters.email import classify
-from notifications.adapters.smtp_connect import AuthGate, ConnectSettings, smtp_open
+from notifications.adapters.email import classify, email_send_test
+from notifications.adapters.smtp_connect import AuthGate, ConnectSettings, reply_wait, smtp_open
 from notifications.models import SmtpConfiguration
 from tests.dispatch.test_failure_classes import failure_of, plain_config
 
@@ -129,3 +129,38 @@ def test_a_server_reading_a_large_message_slowly_is_class_timeout_after_the_conf
         elapsed = time.monotonic() - started
     assert classify(caught.value, stage="DATA").failure_class == "timeout"
     assert elapsed < 5
+
+
+def test_the_answer_to_a_message_end_may_take_the_data_timeout_and_later_replies_the_timeout_again(smtp_server):
+    """The wait for the answer to the final dot is ``data_timeout_seconds``; the connection's
+    own timeout is back for what follows on the same connection."""
+    smtp_server.behave("accept", delay_seconds=2.5)
+    config = plain_config(smtp_server.port, timeout_seconds=1, data_timeout_seconds=5)
+    smtp = opened(config)
+    try:
+        assert smtp.mail("outbox@example.com")[0] == 250
+        assert smtp.rcpt("op1@example.com")[0] == 250
+        started = time.monotonic()
+        with reply_wait(smtp, 5):
+            code, _ = smtp.data(b"Subject: slow\r\n\r\nanswered after 2.5 s\r\n")
+        assert code == 250 and time.monotonic() - started >= 2.4
+        assert receive_timeout(smtp.sock) == 1.0
+    finally:
+        smtp.quit()
+
+
+def test_a_delivery_whose_answer_comes_within_the_data_timeout_is_delivered(smtp_server):
+    smtp_server.behave("accept", delay_seconds=2.5)
+    result = email_send_test(
+        config=plain_config(smtp_server.port, timeout_seconds=1, data_timeout_seconds=5), to="op1@example.com"
+    )
+    assert [entry["outcome"] for entry in result.targets] == ["delivered"]
+
+
+def test_a_server_hanging_after_the_message_fails_after_the_data_timeout_not_the_timeout(smtp_server):
+    smtp_server.behave("hang", hang_seconds=30)
+    started = time.monotonic()
+    error = failure_of(plain_config(smtp_server.port, timeout_seconds=1, data_timeout_seconds=3))
+    elapsed = time.monotonic() - started
+    assert error.failure_class == "timeout" and error.ambiguous
+    assert 2.9 <= elapsed < 6
