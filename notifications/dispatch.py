@@ -26,16 +26,17 @@ start, on the database clock. It is the attempt's ``started_at`` and, once the a
 finished, the row's ``last_attempt_at``; ``duration_ms`` is the adapter call's own duration.
 """
 
+import contextlib
 import gc
 import logging
 import os
+import queue
 import random
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -666,9 +667,9 @@ def dispatch_pass(
     active: list[_Batch] = []  # batches with deliveries queued or running
     drained = False  # a claim found fewer rows than asked: nothing more is due (or claimable)
     try:
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver") as pool:
+        with _Deliveries(threads=concurrency) as pool:
             while True:
-                in_flight = sum(len(batch.futures) for batch in active)
+                in_flight = sum(batch.pending for batch in active)  # results not yet finished too
                 claiming = not drained and not stop.is_set() and time.monotonic() < deadline
                 # The next batch is claimed while the threads still have about one delivery
                 # each to do, so they never wait for a claim (or for a batch's last, slowest
@@ -700,9 +701,9 @@ def dispatch_pass(
                     continue
                 if not in_flight:
                     break
-                _batches_collect(active)
-                finished = [batch for batch in active if not batch.futures]
-                active = [batch for batch in active if batch.futures]
+                _batches_collect(pool)
+                finished = [batch for batch in active if not batch.pending]
+                active = [batch for batch in active if batch.pending]
                 if progress and finished:
                     progress(report)
             if not drained:  # stopped by the budget or a stop request
@@ -847,23 +848,105 @@ class _Pace:
         return max(1, min(batch_size, max(concurrency, concurrency * rounds)))
 
 
-def _batches_collect(active: list["_Batch"]) -> None:
-    """Wait until a delivery of ``active`` completes, then finish every delivery that completed
-    meanwhile (within APPLY_WINDOW_SECONDS), each batch's in one transaction: a crash then
-    re-delivers little more than what was in flight, and finishing stays cheap."""
-    futures = [future for batch in active for future in batch.futures]
-    done, pending = wait(futures, return_when=FIRST_COMPLETED)
-    if pending:
-        more, _ = wait(pending, timeout=APPLY_WINDOW_SECONDS)
-        done |= more
-    for batch in active:
-        mine = batch.futures & done
-        if mine:
-            batch.futures -= mine
-            batch._finish_durably([future.result() for future in mine])
+class _Deliveries:
+    """The pass's delivery threads. :meth:`submit` queues a delivery of a batch; the threads
+    run them and keep their results until the pass thread collects them (:meth:`collect`).
+
+    Leaner than ``concurrent.futures``, which for every delivery builds a future and, for every
+    wait, adds a waiter to each delivery in flight: the pass thread wakes once per group of
+    results, never once per result, and holds the interpreter lock less, which the delivery
+    threads wait for."""
+
+    def __init__(self, *, threads: int) -> None:
+        self._tasks: queue.SimpleQueue[tuple[_Batch, Callable[..., Finish], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._results: list[tuple[_Batch, Finish | None, BaseException | None]] = []
+        self._some = threading.Event()  # results wait to be collected
+        self._none_left = threading.Event()  # no delivery queued or running
+        self._none_left.set()
+        self.outstanding = 0  # deliveries queued or running
+        self._size = threads
+        self._threads: list[threading.Thread] = []  # started by the first delivery: a pass may claim nothing
+
+    def __enter__(self) -> "_Deliveries":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        """Stop the threads once the deliveries they run are over. Normally nothing is queued
+        then; when the pass failed, queued deliveries are dropped rather than made: their
+        results could not be recorded, and their rows are due again when their lease ends."""
+        if exc_type is not None:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._tasks.get_nowait()
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def submit(self, batch: "_Batch", call: Callable[..., Finish], *args: Any) -> None:
+        if not self._threads:
+            self._threads = [
+                threading.Thread(target=self._work, name=f"deliver_{number}", daemon=True)
+                for number in range(self._size)
+            ]
+            for thread in self._threads:
+                thread.start()
+        with self._lock:
+            self.outstanding += 1
+            self._none_left.clear()
+        batch.pending += 1
+        self._tasks.put((batch, call, args))
+
+    def _work(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            batch, call, args = task
+            result: Finish | None = None
+            error: BaseException | None = None
+            try:
+                result = call(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the pass thread, which raises it
+                error = exc
+            with self._lock:
+                self._results.append((batch, result, error))
+                self.outstanding -= 1
+                if not self.outstanding:
+                    self._none_left.set()
+                self._some.set()
+
+    def collect(self, window: float) -> list[tuple["_Batch", Finish | None, BaseException | None]]:
+        """Wait until a delivery completes, then up to ``window`` seconds more for others (less
+        when none is left in flight); what completed, in order."""
+        self._some.wait()
+        self._none_left.wait(window)
+        with self._lock:
+            done, self._results = self._results, []
+            self._some.clear()
+        return done
 
 
-@dataclass
+def _batches_collect(pool: _Deliveries) -> None:
+    """Wait until a delivery completes, then finish every delivery that completed meanwhile
+    (within APPLY_WINDOW_SECONDS), each batch's in one transaction: a crash then re-delivers
+    little more than what was in flight, and finishing stays cheap. A delivery that raised
+    (a bug: adapters' failures are results) is raised once the others are recorded."""
+    by_batch: dict[_Batch, list[Finish]] = {}
+    errors: list[BaseException] = []
+    for batch, result, error in pool.collect(APPLY_WINDOW_SECONDS):
+        batch.pending -= 1
+        if error is not None:
+            errors.append(error)
+        elif result is not None:
+            by_batch.setdefault(batch, []).append(result)
+    for batch, results in by_batch.items():
+        batch._finish_durably(results)
+    if errors:
+        raise errors[0]
+
+
+@dataclass(eq=False)  # a batch is itself, whatever its fields hold (a key of the finish)
 class _Batch:
     """One claimed batch: resolve, record, deliver and finish its rows."""
 
@@ -874,11 +957,11 @@ class _Batch:
     report: PassReport
     streaks: _Streaks = field(default_factory=_Streaks)
     pace: _Pace = field(default_factory=_Pace)
-    futures: set[Future["Finish"]] = field(default_factory=set)  # deliveries queued or running
+    pending: int = 0  # deliveries queued or running
 
-    def start(self, claim: Claim, *, pool: ThreadPoolExecutor, stop: threading.Event, deadline: float) -> None:
+    def start(self, claim: Claim, *, pool: _Deliveries, stop: threading.Event, deadline: float) -> None:
         """Resolve, record the attempts, finish the rows that cannot be delivered, and queue the
-        deliveries of the rest on ``pool`` (``futures``; finished by :func:`_batches_collect`)."""
+        deliveries of the rest on ``pool`` (``pending``; finished by :func:`_batches_collect`)."""
         rows = claim.rows
         lease_deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS
         for row in rows:
@@ -938,7 +1021,7 @@ class _Batch:
             if error is not None:
                 early.append(finish(row, DeliveryOutcome(error=error)))
             else:
-                self.futures.add(pool.submit(deliver, row, targets))
+                pool.submit(self, deliver, row, targets)
         if early:
             self._finish_durably(early)
 
