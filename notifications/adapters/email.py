@@ -147,6 +147,9 @@ class EmailSession(Session):
         self.timeout = config.timeout_seconds
         self.data_timeout = config.data_timeout_seconds
         self.connect_settings = ConnectSettings.of(config)
+        # What every message's headers take from the From address, written once.
+        self._from_header = _header_address(self.from_address)
+        self._domain = self.from_address.rpartition("@")[2] or "outbox"
         self._auth_gate = AuthGate()  # one failed AUTH per session (pass) at most
         self._tls_context: ssl.SSLContext | None = None
         self._idle: list[smtplib.SMTP] = []
@@ -551,19 +554,32 @@ class EmailSession(Session):
                 *(("Reply-To address", t) for t in content.reply_to),
             )
         )
-        domain = self.from_address.rpartition("@")[2] or "outbox"
+        notification_id = str(notification.notification_id)
         return email_compose(
-            from_address=_header_address(self.from_address),
+            from_address=self._from_header,
             to=[_header_address(address) for address in to],
             subject=notification.subject,
             body=notification.body,
-            message_id=message_id_for(
-                notification_id=str(notification.notification_id), domain=domain, recipient=recipient
-            ),
-            notification_id=str(notification.notification_id),
-            date=format_datetime(timezone.now()),
+            message_id=message_id_for(notification_id=notification_id, domain=self._domain, recipient=recipient),
+            notification_id=notification_id,
+            date=_date_header(),
             content=content,
         )
+
+
+_date_cache: tuple[int, str] = (0, "")
+
+
+def _date_header() -> str:
+    """The Date: header's value for now (RFC 5322, whole seconds), written once a second."""
+    global _date_cache
+    now = timezone.now()
+    second = int(now.timestamp())
+    cached = _date_cache  # one read: another thread may replace it meanwhile
+    if cached[0] != second:
+        cached = (second, format_datetime(now.replace(microsecond=0)))
+        _date_cache = cached
+    return cached[1]
 
 
 def _refuse_line_breaks(values: Iterable[tuple[str, str]]) -> None:
@@ -1007,9 +1023,14 @@ def _too_many_recipients(code: int, text: str) -> bool:
     return "too many recipients" in text.lower()
 
 
+_LEADING_DOT = re.compile(rb"(?m)^\.")
+
+
 def _dot_stuffed(message: bytes) -> bytes:
     """The message as sent after DATA: leading dots doubled, CRLF-terminated, then the final dot."""
-    stuffed = re.sub(rb"(?m)^\.", b"..", message)
+    # Searched for first: a message with no line starting with a dot is left as it is.
+    dotted = message.startswith(b".") or b"\n." in message
+    stuffed = _LEADING_DOT.sub(b"..", message) if dotted else message
     if not stuffed.endswith(b"\r\n"):
         stuffed += b"\r\n"
     return stuffed + b".\r\n"

@@ -84,3 +84,24 @@ def test_no_visible_recipients_shows_the_undisclosed_recipients_group_in_both_co
     for raw in (compose(to=()), rich(html="<p>x</p>")):
         message = message_from_bytes(raw, policy=default)
         assert message["To"] == "undisclosed-recipients:;" and message["To"].addresses == ()
+
+
+def test_the_date_header_is_the_current_second_written_once_a_second(monkeypatch):
+    from datetime import UTC, datetime
+
+    from notifications.adapters import email
+
+    now = [datetime(2026, 1, 1, 0, 0, 0, 400_000, tzinfo=UTC)]
+    monkeypatch.setattr(email.timezone, "now", lambda: now[0])
+    assert email._date_header() == "Thu, 01 Jan 2026 00:00:00 +0000"
+    now[0] = now[0].replace(microsecond=900_000)
+    assert email._date_header() == "Thu, 01 Jan 2026 00:00:00 +0000"
+    now[0] = datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
+    assert email._date_header() == "Thu, 01 Jan 2026 00:00:01 +0000"
+
+
+def test_a_message_is_dot_stuffed_only_where_a_line_starts_with_a_dot():
+    from notifications.adapters.email import _dot_stuffed
+
+    assert _dot_stuffed(b"Subject: x\r\n\r\nno dots here.\r\n") == b"Subject: x\r\n\r\nno dots here.\r\n.\r\n"
+    assert _dot_stuffed(b".first\r\n.\r\nend") == b"..first\r\n..\r\nend\r\n.\r\n"
