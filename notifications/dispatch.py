@@ -365,17 +365,30 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
     durations: list[tuple[str, float]] = []
     by_channel: dict[str, tuple[Channel, list[str | None], list[str]]] = {}
     outcomes_by_pk: dict[Any, DeliveryOutcome] = {}
+    # A delivered row's changes follow from its channel, claimed status, targets' outcomes,
+    # warning and attempt time: rows equal in those to the row before (a healthy batch: all of
+    # them) join its group without their changes being built and written out again.
+    previous: tuple[Any, ...] | None = None
+    previous_key: tuple[str, str, str, str] | None = None
     for item in finishes:
         row, attempt = item.notification, item.attempt
         outcomes_by_pk[row.pk] = item.outcome
         seen = by_channel.setdefault(item.channel.name, (item.channel, [], []))
+        key: tuple[str, str, str, str] | None = None
+        inputs: tuple[Any, ...] | None = None
         if not item.outcome.started:
             changes: dict[str, Any] = {"claimed_by": "", "claimed_until": None}
             kind = "released"
             unstarted.append(attempt.pk)
         else:
-            changes, kind = _finish_changes(notification=row, outcome=item.outcome, channel=item.channel, now=now)
-            changes["last_attempt_at"] = attempt.started_at
+            result = item.outcome.result
+            if result is not None:
+                inputs = (item.channel.name, row.status, result.targets, result.warning, attempt.started_at)
+            if inputs is not None and inputs == previous:
+                kind, key = "delivered", previous_key
+            else:
+                changes, kind = _finish_changes(notification=row, outcome=item.outcome, channel=item.channel, now=now)
+                changes["last_attempt_at"] = attempt.started_at
             _attempt_finish(attempt, item.outcome, kind=kind, probe=item.probe)
             finished.append(attempt)
             if item.outcome.adapter_called:
@@ -384,10 +397,13 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
             seen[1].append(None if error is None else error.failure_class)
             if error is not None and error.failure_class in CHANNEL_FAILURES:
                 seen[2].append(error.message)
-        # Text from remote servers (replies, refusals) must not make the transaction fail.
-        changes, text = db.storable_with_text(changes)
-        key = (item.channel.name, row.status, kind, text)
-        groups.setdefault(key, (changes, []))[1].append(row)
+        if key is None:
+            # Text from remote servers (replies, refusals) must not make the transaction fail.
+            changes, text = db.storable_with_text(changes)
+            key = (item.channel.name, row.status, kind, text)
+            groups.setdefault(key, (changes, []))
+            previous, previous_key = inputs, key
+        groups[key][1].append(row)
     counted: list[tuple[str, str, int]] = []
     delivered_created: list[datetime] = []
     logged: list[tuple[Notification, str, str]] = []  # (row, channel, outcome) of rows this finish changed

@@ -79,8 +79,12 @@ def deliveries_observe(
     for channel, outcome, count in finished:
         if count:
             DELIVERIES.labels(channel=channel, outcome=outcome).inc(count)
+    histograms: dict[str, Any] = {}  # per channel, looked up once
     for channel, seconds in durations:
-        DELIVERY_SECONDS.labels(channel=channel).observe(seconds)
+        histogram = histograms.get(channel)
+        if histogram is None:
+            histogram = histograms[channel] = DELIVERY_SECONDS.labels(channel=channel)
+        histogram.observe(seconds)
     for created_at in delivered_created:
         INGEST_TO_DELIVERED.observe(max(0.0, (now - created_at).total_seconds()))
 

@@ -352,3 +352,26 @@ def test_the_next_due_time_is_read_off_the_due_index_even_with_statistics_from_b
     assert indexes_read(plan) == ["notif_due_idx"], plan
     rows = [node for node in plan_nodes(plan) if node.get("Relation Name") == "notifications_notification"]
     assert sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in rows) == 1, plan
+
+
+def test_each_finished_row_gets_its_own_outcomes_when_rows_in_a_row_differ(db):
+    # Delivered rows whose outcomes equal the row before's share its changes; rows that differ
+    # in their targets' outcomes or warning, in any order, keep their own.
+    queue(6)
+    rows, finishes = claimed_and_delivered("w1", 6)
+    one = [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 250}]
+    two = [{"target": "ops@example.com", "outcome": "delivered", "smtp_code": 251}]
+    results = [(one, ""), (one, ""), (two, ""), (one, ""), (one, "slow relay"), (two, "")]
+    finishes = [
+        Finish(
+            notification=item.notification,
+            attempt=item.attempt,
+            outcome=DeliveryOutcome(result=DeliveryResult(targets=[dict(t) for t in targets], warning=warning)),
+            channel=item.channel,
+        )
+        for item, (targets, warning) in zip(finishes, results, strict=True)
+    ]
+    assert notifications_finish(worker_id="w1", outcomes=finishes).delivered == 6
+    for row, (targets, warning) in zip(rows, results, strict=True):
+        stored = Notification.objects.get(pk=row.pk)
+        assert (stored.status, stored.resolved_targets, stored.last_error) == (Status.DELIVERED, targets, warning)
