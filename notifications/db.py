@@ -175,7 +175,11 @@ class AnyOf(Lookup):
 
     def get_db_prep_lookup(self, value: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         field = self.lhs.output_field
-        return "%s", ([field.get_db_prep_value(item, connection, prepared=False) for item in value],)
+        items = [field.get_db_prep_value(item, connection, prepared=False) for item in value]
+        literal = uuid_array_literal(items)
+        if literal is not None:
+            return "CAST(%s AS uuid[])", (literal,)
+        return "%s", (items,)
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         lhs, lhs_params = self.process_lhs(compiler, connection)
@@ -206,6 +210,15 @@ class EqualsUnindexed(Lookup):
 
 
 Field.register_lookup(EqualsUnindexed)
+
+
+def uuid_array_literal(values: Sequence[Any]) -> str | None:
+    """``values``, when every one is a UUID, as the text of a PostgreSQL ``uuid[]`` (cast it):
+    one string parameter, which psycopg's client-side binding quotes at once, where a list is
+    dumped value by value (for a batch of 200 ids, about half the cost). None otherwise."""
+    if not values or not all(type(value) is uuid.UUID for value in values):
+        return None
+    return "{" + ",".join(value.hex for value in values) + "}"
 
 
 def pk_in(pks: Collection[Any]) -> Q:
@@ -240,7 +253,8 @@ def insert_for_each(
         cast(Field, meta.get_field(value)).get_db_prep_save(common[value], connection) if is_common else value
         for is_common, value in slots
     ]
-    params.append([varying.get_db_prep_save(value, connection) for value in values])
+    array = [varying.get_db_prep_save(value, connection) for value in values]
+    params.append(uuid_array_literal(array) or array)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         keys = dict(cursor.fetchall())

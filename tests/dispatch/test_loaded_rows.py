@@ -88,3 +88,16 @@ def test_recorded_attempts_are_the_rows_in_the_database_each_with_its_own_defaul
     first, second, _ = attempts.values()
     first.detail["probe"] = True
     assert second.detail == {}  # a callable default is called for every object, never shared
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL arrays")
+def test_uuid_arrays_go_as_one_literal_and_read_back_as_the_same_ids(db):
+    import uuid
+
+    from notifications.db import uuid_array_literal
+
+    ids = [uuid.uuid4() for _ in range(5)]
+    assert uuid_array_literal([]) is None and uuid_array_literal([*ids, "not a uuid"]) is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CAST(%s AS uuid[])", [uuid_array_literal(ids)])
+        assert cursor.fetchone()[0] == ids
