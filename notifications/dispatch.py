@@ -39,11 +39,12 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from functools import cache
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import Case, F, Q, QuerySet, TextField, Value, When
+from django.db.models import Case, F, Field, Q, QuerySet, TextField, Value, When
 
 from notifications import db
 from notifications.adapters import adapter_for
@@ -186,6 +187,10 @@ def notifications_claim_due(
             if channel.gated
         ]
         db.read_through_indexes()
+        if not gates and connection.vendor == "postgresql":
+            # No channel gated (the usual case): locking and leasing in one statement.
+            claim.rows = _claim_and_lease(worker_id=worker_id, limit=limit, now=now, until=until)
+            return claim
         waiting = Notification.objects.filter(_unleased_q(now))
         free = waiting.exclude(type__in=[gate.channel.name for gate in gates]) if gates else waiting
         claim.rows = _oldest_due_lock(free, now=now, limit=limit)
@@ -205,6 +210,50 @@ def notifications_claim_due(
     for row in claim.rows:
         row.claimed_by, row.claimed_until = worker_id, until
     return claim
+
+
+def _claim_and_lease(*, worker_id: str, limit: int, now: datetime, until: datetime) -> list[Notification]:
+    """PostgreSQL, with no channel gated: lock up to ``limit`` due rows as
+    :func:`_oldest_due_lock` does (the rows without a due time, then those whose due time has
+    passed, each range read off the due index in its order, skipping rows others hold) and
+    stamp their lease, in one statement that returns them, oldest due first. One statement
+    instead of three: no list of ids sent back for the lease, and no query built by the ORM
+    for each claim."""
+    params = {"now": now, "limit": limit, "worker": worker_id, "until": until}
+    rows = list(Notification.objects.raw(_claim_and_lease_sql(), params))
+    # UPDATE … RETURNING gives no order: the due index's, rows without a due time first.
+    rows.sort(key=lambda row: (row.next_attempt_at is not None, row.next_attempt_at or now))
+    return rows
+
+
+@cache
+def _claim_and_lease_sql() -> str:
+    meta = Notification._meta
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        return quote(str(cast(Field, meta.get_field(name)).column))
+
+    table = quote(meta.db_table)
+    pk = column("notification_id")
+
+    statuses = ", ".join(f"'{status}'" for status in Notification.NON_TERMINAL)
+    unleased = (
+        f"{column('status')} IN ({statuses}) "
+        f"AND ({column('claimed_until')} IS NULL OR {column('claimed_until')} < %(now)s)"
+    )
+    due = column("next_attempt_at")
+    returned = ", ".join(f"n.{column(name)}" for name in dict.fromkeys((*CLAIM_FIELDS, "next_attempt_at")))
+    return (
+        f"WITH undated AS (SELECT {pk} FROM {table} WHERE {unleased} AND {due} IS NULL "
+        f"ORDER BY {due} ASC NULLS FIRST LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
+        f"dated AS (SELECT {pk} FROM {table} WHERE {unleased} AND {due} <= %(now)s "
+        f"ORDER BY {due} ASC NULLS FIRST LIMIT GREATEST(%(limit)s - (SELECT count(*) FROM undated), 0) "
+        "FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {table} AS n SET {column('claimed_by')} = %(worker)s, {column('claimed_until')} = %(until)s "
+        f"FROM (SELECT {pk} FROM undated UNION ALL SELECT {pk} FROM dated) AS picked "
+        f"WHERE n.{pk} = picked.{pk} RETURNING {returned}"
+    )
 
 
 def notifications_expire(*, channels: dict[str, Channel], now: datetime | None = None) -> int:

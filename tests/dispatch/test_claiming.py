@@ -267,7 +267,8 @@ def stale_statistics_backlog(count):
 def plans(captured):
     """The plans (JSON) of the captured statements that lock or change notifications,
     replayed in order with the captured settings (``set_config``) applied first: a row lock's
-    as run (EXPLAIN ANALYZE), an UPDATE's as planned."""
+    as run (EXPLAIN ANALYZE, the claim's lock-and-lease statement too), an UPDATE's as
+    planned."""
     found = []
     with connection.cursor() as cursor:
         for query in captured.captured_queries:
@@ -275,7 +276,8 @@ def plans(captured):
             if "set_config" in sql:
                 cursor.execute(sql)
             elif "FOR UPDATE" in sql or sql.startswith('UPDATE "notifications_notification"'):
-                cursor.execute(f"EXPLAIN (FORMAT JSON{', ANALYZE' if sql.startswith('SELECT') else ''}) {sql}")
+                run = sql.startswith(("SELECT", "WITH"))
+                cursor.execute(f"EXPLAIN (FORMAT JSON{', ANALYZE' if run else ''}) {sql}")
                 found.append((sql, cursor.fetchone()[0][0]["Plan"]))
     return found
 
@@ -306,16 +308,16 @@ def test_a_claim_reads_about_what_it_takes_even_with_statistics_from_before_the_
     with CaptureQueriesContext(connection) as captured:
         claimed = notifications_claim_due(worker_id="w1", limit=50).rows
     assert len(claimed) == 50
-    # The same claim again, run: the 30 rows still due, none of the 920 waiting.
-    *locks, (lease_sql, lease_plan) = plans(captured)
-    assert len(locks) == 2, [sql for sql, _ in locks]  # rows without a due time, then by it
-    for sql, plan in locks:
-        assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), (sql, plan)
-        assert indexes_read(plan) == ["notif_due_idx"], (sql, plan)
-        rows = [node for node in plan_nodes(plan) if node.get("Relation Name") == "notifications_notification"]
-        read = sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in rows)
-        assert read <= 80, (read, sql, plan)  # its 30, and the first claim's 50 passed over
-    assert indexes_read(lease_plan) == ["notifications_notification_pkey"], (lease_sql, lease_plan)
+    # The same claim again, run: the 30 rows still due, none of the 920 waiting. One
+    # statement locks both ranges (rows without a due time, then by it) and stamps the lease.
+    ((sql, plan),) = plans(captured)
+    assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), (sql, plan)
+    assert set(indexes_read(plan)) == {"notif_due_idx", "notifications_notification_pkey"}, (sql, plan)
+    ranges = [node for node in plan_nodes(plan) if node.get("Index Name") == "notif_due_idx"]
+    assert len(ranges) == 2, (sql, plan)
+    read = sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in ranges)
+    assert read <= 80, (read, sql, plan)  # its 30, and the first claim's 50 passed over
+    assert Notification.objects.filter(claimed_by="w1").count() == 80  # leased by the replay too
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
@@ -375,3 +377,20 @@ def test_each_finished_row_gets_its_own_outcomes_when_rows_in_a_row_differ(db):
     for row, (targets, warning) in zip(rows, results, strict=True):
         stored = Notification.objects.get(pk=row.pk)
         assert (stored.status, stored.resolved_targets, stored.last_error) == (Status.DELIVERED, targets, warning)
+
+
+def test_claims_take_rows_without_a_due_time_first_then_the_oldest_due(db):
+    now = timezone.now()
+    older, newer, undated, future = queue(4)
+    for row, due in (
+        (older, now - timedelta(minutes=10)),
+        (newer, now - timedelta(minutes=5)),
+        (future, now + timedelta(hours=1)),
+    ):
+        Notification.objects.filter(pk=row.pk).update(next_attempt_at=due)
+    Notification.objects.filter(pk=undated.pk).update(next_attempt_at=None)
+    first = notifications_claim_due(worker_id="w1", limit=2, now=now).rows
+    assert [row.pk for row in first] == [undated.pk, older.pk]
+    assert all((row.claimed_by, row.status) == ("w1", Status.PENDING) for row in first)
+    assert [row.pk for row in notifications_claim_due(worker_id="w2", limit=5, now=now).rows] == [newer.pk]
+    assert set(Notification.objects.filter(claimed_by="w1").values_list("pk", flat=True)) == {undated.pk, older.pk}
