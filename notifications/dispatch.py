@@ -64,6 +64,7 @@ from notifications.clock import DatabaseClock, database_clock, database_now
 from notifications.counts import counts_fold
 from notifications.health import (
     Channel,
+    Gate,
     channel_gate_open,
     channel_gate_settle,
     channel_gate_wait,
@@ -190,40 +191,45 @@ def notifications_claim_due(
         if not gates and connection.vendor == "postgresql":
             # No channel gated (the usual case): locking and leasing in one statement.
             claim.rows = _claim_and_lease(worker_id=worker_id, limit=limit, now=now, until=until)
-            return claim
-        waiting = Notification.objects.filter(_unleased_q(now))
-        free = waiting.exclude(type__in=[gate.channel.name for gate in gates]) if gates else waiting
-        claim.rows = _oldest_due_lock(free, now=now, limit=limit)
-        for gate in gates:
-            room = min(gate.limit, limit - len(claim.rows))
-            taken: list[Notification] = []
-            if room > 0:
-                taken = _oldest_due_lock(waiting.filter(type=gate.channel.name), now=now, limit=room)
-            channel_gate_settle(gate, taken=len(taken))
-            if gate.probe:
-                claim.probes.update(row.pk for row in taken)
-            claim.rows += taken
-        if claim.rows:
-            Notification.objects.filter(db.pk_in([row.pk for row in claim.rows])).update(
-                claimed_by=worker_id, claimed_until=until
-            )
+        else:
+            _claim_gated(claim, gates=gates, worker_id=worker_id, limit=limit, now=now, until=until)
     for row in claim.rows:
         row.claimed_by, row.claimed_until = worker_id, until
     return claim
+
+
+def _claim_gated(
+    claim: Claim, *, gates: list[Gate], worker_id: str, limit: int, now: datetime, until: datetime
+) -> None:
+    """Lock the due rows of the channels that are not gated, then of each gated one no more than
+    its gate allows, into ``claim``, and stamp their lease (also the way on SQLite)."""
+    waiting = Notification.objects.filter(_unleased_q(now))
+    free = waiting.exclude(type__in=[gate.channel.name for gate in gates]) if gates else waiting
+    claim.rows = _oldest_due_lock(free, now=now, limit=limit)
+    for gate in gates:
+        room = min(gate.limit, limit - len(claim.rows))
+        taken: list[Notification] = []
+        if room > 0:
+            taken = _oldest_due_lock(waiting.filter(type=gate.channel.name), now=now, limit=room)
+        channel_gate_settle(gate, taken=len(taken))
+        if gate.probe:
+            claim.probes.update(row.pk for row in taken)
+        claim.rows += taken
+    if claim.rows:
+        Notification.objects.filter(db.pk_in([row.pk for row in claim.rows])).update(
+            claimed_by=worker_id, claimed_until=until
+        )
 
 
 def _claim_and_lease(*, worker_id: str, limit: int, now: datetime, until: datetime) -> list[Notification]:
     """PostgreSQL, with no channel gated: lock up to ``limit`` due rows as
     :func:`_oldest_due_lock` does (the rows without a due time, then those whose due time has
     passed, each range read off the due index in its order, skipping rows others hold) and
-    stamp their lease, in one statement that returns them, oldest due first. One statement
-    instead of three: no list of ids sent back for the lease, and no query built by the ORM
-    for each claim."""
+    stamp their lease, in one statement that returns them, oldest due first (sorted there: at
+    most ``limit`` rows). One statement instead of three: no list of ids sent back for the
+    lease, and no query built by the ORM for each claim."""
     params = {"now": now, "limit": limit, "worker": worker_id, "until": until}
-    rows = list(Notification.objects.raw(_claim_and_lease_sql(), params))
-    # UPDATE … RETURNING gives no order: the due index's, rows without a due time first.
-    rows.sort(key=lambda row: (row.next_attempt_at is not None, row.next_attempt_at or now))
-    return rows
+    return list(Notification.objects.raw(_claim_and_lease_sql(), params))
 
 
 @cache
@@ -243,16 +249,20 @@ def _claim_and_lease_sql() -> str:
         f"AND ({column('claimed_until')} IS NULL OR {column('claimed_until')} < %(now)s)"
     )
     due = column("next_attempt_at")
-    returned = ", ".join(f"n.{column(name)}" for name in dict.fromkeys((*CLAIM_FIELDS, "next_attempt_at")))
+    # The lease's columns are known (the caller sets them): not read back, nor the due time,
+    # by which the returned rows are only ordered. Time stamps are the costliest to read.
+    returned = [column(name) for name in dict.fromkeys(CLAIM_FIELDS) if name not in ("claimed_by", "claimed_until")]
     return (
         f"WITH undated AS (SELECT {pk} FROM {table} WHERE {unleased} AND {due} IS NULL "
         f"ORDER BY {due} ASC NULLS FIRST LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
         f"dated AS (SELECT {pk} FROM {table} WHERE {unleased} AND {due} <= %(now)s "
         f"ORDER BY {due} ASC NULLS FIRST LIMIT GREATEST(%(limit)s - (SELECT count(*) FROM undated), 0) "
-        "FOR UPDATE SKIP LOCKED) "
-        f"UPDATE {table} AS n SET {column('claimed_by')} = %(worker)s, {column('claimed_until')} = %(until)s "
+        "FOR UPDATE SKIP LOCKED), "
+        f"leased AS (UPDATE {table} AS n SET {column('claimed_by')} = %(worker)s, "
+        f"{column('claimed_until')} = %(until)s "
         f"FROM (SELECT {pk} FROM undated UNION ALL SELECT {pk} FROM dated) AS picked "
-        f"WHERE n.{pk} = picked.{pk} RETURNING {returned}"
+        f"WHERE n.{pk} = picked.{pk} RETURNING {', '.join(f'n.{name}' for name in [*returned, due])}) "
+        f"SELECT {', '.join(returned)} FROM leased ORDER BY {due} ASC NULLS FIRST"
     )
 
 
