@@ -225,11 +225,16 @@ def _claim_and_lease(*, worker_id: str, limit: int, now: datetime, until: dateti
     """PostgreSQL, with no channel gated: lock up to ``limit`` due rows as
     :func:`_oldest_due_lock` does (the rows without a due time, then those whose due time has
     passed, each range read off the due index in its order, skipping rows others hold) and
-    stamp their lease, in one statement that returns them, oldest due first (sorted there: at
-    most ``limit`` rows). One statement instead of three: no list of ids sent back for the
-    lease, and no query built by the ORM for each claim."""
+    stamp their lease, in one statement that returns them, oldest due first. One statement
+    instead of three: no list of ids sent back for the lease, and no query built by the ORM
+    for each claim. (Returning the rows through a ``SELECT … ORDER BY`` over the UPDATE in a
+    WITH clause instead lost the race in tests/dispatch/test_operator_races.py: rows an
+    operator retried again and again were never claimed.)"""
     params = {"now": now, "limit": limit, "worker": worker_id, "until": until}
-    return list(Notification.objects.raw(_claim_and_lease_sql(), params))
+    rows = list(Notification.objects.raw(_claim_and_lease_sql(), params))
+    # UPDATE … RETURNING gives no order: the due index's, rows without a due time first.
+    rows.sort(key=lambda row: (row.next_attempt_at is not None, row.next_attempt_at or now))
+    return rows
 
 
 @cache
@@ -249,20 +254,19 @@ def _claim_and_lease_sql() -> str:
         f"AND ({column('claimed_until')} IS NULL OR {column('claimed_until')} < %(now)s)"
     )
     due = column("next_attempt_at")
-    # The lease's columns are known (the caller sets them): not read back, nor the due time,
-    # by which the returned rows are only ordered. Time stamps are the costliest to read.
+    # The lease's columns are known (the caller sets them): not read back. Time stamps are the
+    # costliest columns to read.
     returned = [column(name) for name in dict.fromkeys(CLAIM_FIELDS) if name not in ("claimed_by", "claimed_until")]
     return (
         f"WITH undated AS (SELECT {pk} FROM {table} WHERE {unleased} AND {due} IS NULL "
         f"ORDER BY {due} ASC NULLS FIRST LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
         f"dated AS (SELECT {pk} FROM {table} WHERE {unleased} AND {due} <= %(now)s "
         f"ORDER BY {due} ASC NULLS FIRST LIMIT GREATEST(%(limit)s - (SELECT count(*) FROM undated), 0) "
-        "FOR UPDATE SKIP LOCKED), "
-        f"leased AS (UPDATE {table} AS n SET {column('claimed_by')} = %(worker)s, "
+        "FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {table} AS n SET {column('claimed_by')} = %(worker)s, "
         f"{column('claimed_until')} = %(until)s "
         f"FROM (SELECT {pk} FROM undated UNION ALL SELECT {pk} FROM dated) AS picked "
-        f"WHERE n.{pk} = picked.{pk} RETURNING {', '.join(f'n.{name}' for name in [*returned, due])}) "
-        f"SELECT {', '.join(returned)} FROM leased ORDER BY {due} ASC NULLS FIRST"
+        f"WHERE n.{pk} = picked.{pk} RETURNING {', '.join(f'n.{name}' for name in [*returned, due])}"
     )
 
 
