@@ -17,6 +17,7 @@ from notifications.adapters.email import classify, email_send_test
 from notifications.adapters.smtp_connect import AuthGate, ConnectSettings, reply_wait, smtp_open
 from notifications.models import SmtpConfiguration
 from tests.dispatch.test_failure_classes import failure_of, plain_config
+from tests.support.smtp import serving_port
 
 
 @contextlib.contextmanager
@@ -25,42 +26,21 @@ def mute_after_ehlo(*, trickle: bool = False) -> Iterator[int]:
     keeping the connection open until the test ends: it reads nothing more, or with
     ``trickle`` 64 KiB every 0.3 s (never long enough for a 1 s timeout between two
     pieces) for at most 20 s. Yields its port."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.1)
-    stopping = threading.Event()
-    held: list[socket.socket] = []
 
-    def serve() -> None:
-        while not stopping.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            held.append(conn)
-            with contextlib.suppress(OSError):
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                conn.sendall(b"220 mute ESMTP\r\n")
-                line = b""
-                while not line.endswith(b"\r\n"):
-                    line += conn.recv(1)
-                conn.sendall(b"250-mute\r\n250 PIPELINING\r\n")
-                until = time.monotonic() + 20
-                while trickle and not stopping.is_set() and time.monotonic() < until:
-                    conn.recv(65536)
-                    time.sleep(0.3)
+    def session(conn: socket.socket, stopping: threading.Event) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.sendall(b"220 mute ESMTP\r\n")
+        line = b""
+        while not line.endswith(b"\r\n"):
+            line += conn.recv(1)
+        conn.sendall(b"250-mute\r\n250 PIPELINING\r\n")
+        until = time.monotonic() + 20
+        while trickle and not stopping.is_set() and time.monotonic() < until:
+            conn.recv(65536)
+            time.sleep(0.3)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stopping.set()
-        thread.join(5)
-        listener.close()
-        for conn in held:
-            conn.close()
+    with serving_port(session) as port:
+        yield port
 
 
 def opened(config: SmtpConfiguration) -> smtplib.SMTP:

@@ -50,8 +50,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from email import message_from_bytes
 from email.message import EmailMessage
@@ -427,14 +427,15 @@ def silent_port() -> Iterator[int]:
 
 
 @contextmanager
-def replying_port(greeting: str) -> Iterator[int]:
-    """A port whose server greets every connection with ``greeting`` (e.g. "554 5.7.1 no
-    service for you") and then only listens until the client goes. Yields the port number."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
+def serving_port(session: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
+    """A port on 127.0.0.1 whose server runs ``session(connection, stopping)`` for each
+    connection in turn, on one thread (a client gone mid-session ends it quietly); every
+    connection stays open until the port closes, when ``stopping`` is set. Yields the port
+    number. For servers that misbehave the way real ones can."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
     listener.settimeout(0.1)  # so that the serving thread notices the end
     stopping = threading.Event()
+    held: list[socket.socket] = []
 
     def serve() -> None:
         while not stopping.is_set():
@@ -444,14 +445,9 @@ def replying_port(greeting: str) -> Iterator[int]:
                 continue
             except OSError:
                 return
-            with conn:
-                try:
-                    conn.sendall(greeting.encode() + b"\r\n")
-                    conn.settimeout(5)
-                    while conn.recv(1024):
-                        pass
-                except OSError:
-                    pass
+            held.append(conn)
+            with suppress(OSError):
+                session(conn, stopping)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -461,6 +457,23 @@ def replying_port(greeting: str) -> Iterator[int]:
         stopping.set()
         thread.join(timeout=10)
         listener.close()
+        for conn in held:
+            conn.close()
+
+
+@contextmanager
+def replying_port(greeting: str) -> Iterator[int]:
+    """A port whose server greets every connection with ``greeting`` (e.g. "554 5.7.1 no
+    service for you") and then only listens until the client goes. Yields the port number."""
+
+    def session(conn: socket.socket, stopping: threading.Event) -> None:
+        conn.sendall(greeting.encode() + b"\r\n")
+        conn.settimeout(5)
+        while conn.recv(1024):
+            pass
+
+    with serving_port(session) as port:
+        yield port
 
 
 def closed_port() -> int:
