@@ -52,12 +52,11 @@ from notifications.adapters.smtp_connect import (
     AuthGate,
     ConnectFailure,
     ConnectSettings,
-    commands_send,
     connect_hint,
-    reply_wait,
     smtp_open,
     tls_context,
 )
+from notifications.adapters.smtp_steps import Blocking, Exchange, Steps, blocking_again, steps_run
 from notifications.backoff import RetryTiming
 from notifications.email_address import AddressNotSendable, address_ascii_domain, envelope_address, needs_smtputf8
 from notifications.email_content import EmailContent, email_content_read
@@ -188,12 +187,10 @@ class EmailSession(Session):
                 )
             raise ConnectFailure(failure) from exc
 
-    def _take(self) -> tuple[smtplib.SMTP, bool]:
-        """An idle connection (reused=True) or a new one."""
+    def _idle_take(self) -> smtplib.SMTP | None:
+        """An idle connection, if there is one."""
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return self._connect(), False
+            return self._idle.pop() if self._idle else None
 
     def _give_back(self, smtp: smtplib.SMTP) -> None:
         with self._lock:
@@ -211,7 +208,14 @@ class EmailSession(Session):
 
     # --- delivery -------------------------------------------------------------------------
 
+    # Dispatch runs this session's deliveries as steps on one thread (notifications.adapters.smtp_steps).
+    runs_steps = True
+
     def deliver(self, notification: Notification, targets: list[str]) -> DeliveryResult:
+        """Deliver on this thread, blocking (:meth:`deliver_steps`)."""
+        return steps_run(self.deliver_steps(notification, targets))
+
+    def deliver_steps(self, notification: Notification, targets: list[str]) -> Steps[DeliveryResult]:
         """Deliver as the list's recipient mode says (see :class:`EmailTargets`): ``bcc`` and
         ``to`` as one message to the members and the Cc addresses (in as many transactions as
         the server takes recipients), ``individual`` as one message per member (and one for the
@@ -254,7 +258,7 @@ class EmailSession(Session):
                     continue
                 message = compose()
                 messages += 1
-                sent, failure, answer = self._send_message(line, message, recipients, plan.unanswered)
+                sent, failure, answer = yield from self._send_message(line, message, recipients, plan.unanswered)
                 entries += sent
                 reply = answer or reply
                 if failure is not None:
@@ -274,7 +278,7 @@ class EmailSession(Session):
 
     def _send_message(
         self, line: "_Line", message: bytes, recipients: list[str], unanswered: dict[str, int]
-    ) -> tuple[list[dict[str, Any]], DeliveryError | None, tuple[int, str] | None]:
+    ) -> Steps[tuple[list[dict[str, Any]], DeliveryError | None, tuple[int, str] | None]]:
         """One message to ``recipients``, in as many transactions as the server takes
         recipients in (a ``452 4.5.3`` "too many recipients" sends the rest in the next one,
         RFC 5321 §4.5.3.1.10). Returns every recipient's entry and the failure that kept any
@@ -287,11 +291,11 @@ class EmailSession(Session):
         remaining = list(recipients)
         while remaining:
             try:
-                smtp = line.get()
+                smtp = yield from line.get()
             except DeliveryError as error:
                 entries += [_entry(target, TargetOutcome.DEFERRED, error=error.message) for target in remaining]
                 return entries, error, reply
-            done = self._transaction(smtp, message, remaining, unanswered)
+            done = yield from self._transaction(smtp, message, remaining, unanswered)
             if done.broken and done.stale and line.reused:
                 # The server closed an idle pooled connection before we spoke: nothing was
                 # sent, so a fresh connection is safe to try.
@@ -304,13 +308,13 @@ class EmailSession(Session):
                 line.lose(done.failure)
                 return entries, failure, reply
             if done.needs_reset:
-                line.reset()
+                yield from line.reset()
             remaining = done.leftover
         return entries, failure, reply
 
     def _transaction(
         self, smtp: smtplib.SMTP, message: bytes, targets: list[str], unanswered: dict[str, int]
-    ) -> "_Transaction":
+    ) -> "Steps[_Transaction]":
         """One SMTP transaction: MAIL FROM, RCPT TO for each target until the server takes no
         more (those are ``leftover``), DATA to the accepted ones. Never raises for what the
         server answers or for a lost connection: every target handled gets its entry."""
@@ -319,9 +323,11 @@ class EmailSession(Session):
         except ConnectFailure as exc:  # the From address cannot be written for this server
             return _Transaction(entries=_failed(targets, exc.error), failure=exc.error)
         if smtp.has_extn("pipelining"):
-            return self._transaction_pipelined(smtp, message, targets, unanswered, sender, options, smtputf8)
+            return (
+                yield from self._transaction_pipelined(smtp, message, targets, unanswered, sender, options, smtputf8)
+            )
         try:
-            code, reply = smtp.mail(sender, options)
+            ((code, reply),) = yield Exchange(smtp, smtp.mail_command(sender, options), 1)  # type: ignore[attr-defined]
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="MAIL FROM")
             return _Transaction(
@@ -344,7 +350,7 @@ class EmailSession(Session):
                 entries.append(_not_sendable(target, exc))
                 continue
             try:
-                code, reply = smtp.rcpt(address)
+                ((code, reply),) = yield Exchange(smtp, smtp.rcpt_command(address), 1)  # type: ignore[attr-defined]
             except (smtplib.SMTPException, OSError) as exc:
                 failure = classify(exc, stage="RCPT TO")
                 return _Transaction(
@@ -363,7 +369,7 @@ class EmailSession(Session):
                 entries.append(_entry(target, TargetOutcome.DEFERRED, code=code, error=_text(reply)))
         if not accepted:
             return _Transaction(entries=entries, needs_reset=True)
-        done = self._data(smtp, message, accepted, unanswered)
+        done = yield from self._data(smtp, message, accepted, unanswered)
         done.entries = entries + done.entries
         done.leftover = leftover
         done.accepted = len(accepted)
@@ -378,7 +384,7 @@ class EmailSession(Session):
         sender: str,
         options: list[str],
         smtputf8: bool,
-    ) -> "_Transaction":
+    ) -> "Steps[_Transaction]":
         """The transaction of :meth:`_transaction` for a server that advertises PIPELINING
         (RFC 2920), as real relays do: MAIL FROM, the RCPT TOs and DATA are written together
         (RCPT TOs in groups of PIPELINED_RECIPIENTS) and their replies read in order, so a
@@ -399,7 +405,7 @@ class EmailSession(Session):
         groups = [rcpt[start : start + PIPELINED_RECIPIENTS] for start in range(0, len(rcpt), PIPELINED_RECIPIENTS)]
         try:
             first = [smtp.mail_command(sender, options), *groups[0]]  # type: ignore[attr-defined]
-            replies = commands_send(smtp, first + (["DATA\r\n"] if len(groups) == 1 else []))
+            replies = yield _commands(smtp, first + (["DATA\r\n"] if len(groups) == 1 else []))
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="MAIL FROM")
             return _Transaction(
@@ -419,9 +425,9 @@ class EmailSession(Session):
             return _Transaction(entries=entries, failure=failure, needs_reset=not data_open, broken=data_open)
         try:
             for group in groups[1:-1]:
-                replies += commands_send(smtp, group)
+                replies += yield _commands(smtp, group)
             if len(groups) > 1:
-                replies += commands_send(smtp, [*groups[-1], "DATA\r\n"])
+                replies += yield _commands(smtp, [*groups[-1], "DATA\r\n"])
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="RCPT TO")
             return _Transaction(
@@ -455,7 +461,7 @@ class EmailSession(Session):
                 needs_reset=True,
                 leftover=[target for target, _, _ in too_many],
             )
-        done = self._message_send(smtp, message, accepted, unanswered)
+        done = yield from self._message_send(smtp, message, accepted, unanswered)
         done.entries = entries + done.entries
         # Those over the server's recipient limit go in the next transaction.
         done.leftover = [target for target, _, _ in too_many]
@@ -464,33 +470,32 @@ class EmailSession(Session):
 
     def _data(
         self, smtp: smtplib.SMTP, message: bytes, accepted: list[str], unanswered: dict[str, int]
-    ) -> "_Transaction":
+    ) -> "Steps[_Transaction]":
         """DATA, the message and the final dot. Until the final dot is sent a failure leaves
         the recipients deferred (the server cannot have the message); a failure while waiting
         for the answer to it leaves them ambiguous (it may). That wait has its own, longer
         timeout (``data_timeout_seconds``), bounded by the claim's lease."""
         try:
-            code, reply = smtp.docmd("DATA")
+            ((code, reply),) = yield Exchange(smtp, "DATA\r\n", 1)
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="DATA")
             return _Transaction(entries=_failed(accepted, failure), failure=failure, broken=True)
         if code != 354:
             failure = classify(smtplib.SMTPDataError(code, reply), stage="DATA")
             return _Transaction(entries=_answered(accepted, code, reply), failure=failure, needs_reset=True)
-        return self._message_send(smtp, message, accepted, unanswered)
+        return (yield from self._message_send(smtp, message, accepted, unanswered))
 
     def _message_send(
         self, smtp: smtplib.SMTP, message: bytes, accepted: list[str], unanswered: dict[str, int]
-    ) -> "_Transaction":
+    ) -> "Steps[_Transaction]":
         """After DATA's 354: the message and the final dot, and the answer to it."""
         try:
-            smtp.send(_dot_stuffed(message))
+            yield Exchange(smtp, _dot_stuffed(message))
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="DATA")
             return _Transaction(entries=_failed(accepted, failure), failure=failure, broken=True)
         try:
-            with reply_wait(smtp, self._data_wait()):
-                code, reply = smtp.getreply()
+            ((code, reply),) = yield Exchange(smtp, None, 1, wait=self._data_wait())
         except (smtplib.SMTPException, OSError) as exc:
             lost = classify(exc, stage="end of data")
             failure = DeliveryError(
@@ -594,6 +599,13 @@ def _refuse_line_breaks(values: Iterable[tuple[str, str]]) -> None:
                 f"Refused to send: the {name} contains a line break or another control character (header injection).",
                 failure_class=FailureClass.CONTENT_REJECTED,
             )
+
+
+def _commands(smtp: smtplib.SMTP, commands: list[str]) -> Exchange:
+    """Write ``commands`` (lines ending in CRLF) in one piece, then read one reply for each,
+    in order (RFC 2920; only for a server that advertises PIPELINING). Every reply is read
+    even when an early one refuses, so the connection stays in step."""
+    return Exchange(smtp, "".join(commands), len(commands))
 
 
 def _without_repeats(addresses: Iterable[str]) -> list[str]:
@@ -797,6 +809,7 @@ _CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F) if c
 
 def _quit(smtp: smtplib.SMTP) -> None:
     try:
+        blocking_again(smtp)
         smtp.quit()
     except (smtplib.SMTPException, OSError):
         _discard(smtp)
@@ -905,19 +918,22 @@ class _Line:
         self._replacements = 1
         self._stopped: DeliveryError | None = None
 
-    def get(self) -> smtplib.SMTP:
+    def get(self) -> Steps[smtplib.SMTP]:
         """The connection; a DeliveryError when none can be had."""
         if self.smtp is not None:
             return self.smtp
         if self._stopped is not None:
             raise self._stopped
         try:
+            idle = None
             if self._pooled:
                 self._pooled = False
-                self.smtp, self.reused = self.session._take()
-                self.first_reused = self.reused
+                idle = self.session._idle_take()
+                self.first_reused = idle is not None
+            if idle is not None:
+                self.smtp, self.reused = idle, True
             else:
-                self.smtp, self.reused = self.session._connect(), False
+                self.smtp, self.reused = (yield Blocking(self.session._connect)), False
         except (smtplib.SMTPException, OSError) as exc:
             self._stopped = classify(exc, stage="connect")
             raise self._stopped from exc
@@ -939,12 +955,13 @@ class _Line:
         else:
             self._replacements -= 1
 
-    def reset(self) -> None:
+    def reset(self) -> Steps[None]:
         """After a refused or failed transaction: RSET, or a new connection next time."""
         if self.smtp is None:
             return
         try:
-            self.smtp.rset()
+            self.smtp.command_encoding = "ascii"  # as smtplib's rset()
+            yield Exchange(self.smtp, "rset\r\n", 1)
         except (smtplib.SMTPException, OSError):
             _discard(self.smtp)
             self.smtp = None
