@@ -60,6 +60,7 @@ from notifications.adapters.base import (
     delivery_deadline,
     target_outcome,
 )
+from notifications.adapters.smtp_steps import StepLoop, Steps, steps_run
 from notifications.clock import DatabaseClock, database_clock, database_now
 from notifications.counts import counts_fold
 from notifications.health import (
@@ -362,11 +363,22 @@ class DeliveryOutcome:
 def notification_deliver(*, notification: Notification, targets: list[str], session: Session) -> DeliveryOutcome:
     """Deliver one notification through an open adapter session; never raises for delivery
     failures (they are returned as ``DeliveryOutcome.error``)."""
+    return steps_run(notification_deliver_steps(notification=notification, targets=targets, session=session))
+
+
+def notification_deliver_steps(
+    *, notification: Notification, targets: list[str], session: Session
+) -> Steps[DeliveryOutcome]:
+    """:func:`notification_deliver` as steps (notifications.adapters.smtp_steps): the
+    session's own when it has them (``runs_steps``), else its blocking ``deliver``."""
     clock = time.monotonic()
     result: DeliveryResult | None = None
     error: DeliveryError | None = None
     try:
-        result = session.deliver(notification, targets)
+        if getattr(session, "runs_steps", False):
+            result = yield from session.deliver_steps(notification, targets)  # type: ignore[attr-defined]
+        else:
+            result = session.deliver(notification, targets)
     except DeliveryError as exc:
         error = exc
     except Exception as exc:  # a bug in an adapter must not kill the pass or lose the row
@@ -937,6 +949,7 @@ class _Deliveries:
     threads wait for."""
 
     def __init__(self, *, threads: int) -> None:
+        self._loop: StepLoop | None = None  # runs deliveries written as steps: started by the first
         self._tasks: queue.SimpleQueue[tuple[_Batch, Callable[..., Finish], tuple[Any, ...]] | None] = (
             queue.SimpleQueue()
         )
@@ -960,10 +973,19 @@ class _Deliveries:
             with contextlib.suppress(queue.Empty):
                 while True:
                     self._tasks.get_nowait()
+            if self._loop is not None:
+                self._loop.drop()
         for _ in self._threads:
             self._tasks.put(None)
         for thread in self._threads:
             thread.join()
+        loop = self._loop
+        if loop is not None:
+            try:
+                while loop.busy:  # deliveries under way end as they would on a thread
+                    loop.turn(None)
+            finally:
+                loop.close()
 
     def submit(self, batch: "_Batch", call: Callable[..., Finish], *args: Any) -> None:
         if not self._threads:
@@ -973,11 +995,23 @@ class _Deliveries:
             ]
             for thread in self._threads:
                 thread.start()
+        self._count(batch)
+        self._tasks.put((batch, call, args))
+
+    def submit_steps(self, batch: "_Batch", factory: Callable[..., Steps[Finish]], *args: Any) -> None:
+        """Queue a delivery written as steps: ``factory(*args)`` runs on the pass's step loop,
+        ``threads`` at a time, on the pass's own thread while it waits for results
+        (:meth:`collect`)."""
+        if self._loop is None:
+            self._loop = StepLoop(size=self._size, done=self._done)
+        self._count(batch)
+        self._loop.submit(batch, factory, *args)
+
+    def _count(self, batch: "_Batch") -> None:
         with self._lock:
             self.outstanding += 1
             self._none_left.clear()
         batch.pending += 1
-        self._tasks.put((batch, call, args))
 
     def _work(self) -> None:
         while (task := self._tasks.get()) is not None:
@@ -988,22 +1022,49 @@ class _Deliveries:
                 result = call(*args)
             except BaseException as exc:  # noqa: BLE001 - handed to the pass thread, which raises it
                 error = exc
-            with self._lock:
-                self._results.append((batch, result, error))
-                self.outstanding -= 1
-                if not self.outstanding:
-                    self._none_left.set()
-                self._some.set()
+            self._done(batch, result, error)
+
+    def _done(self, batch: "_Batch", result: Finish | None, error: BaseException | None) -> None:
+        with self._lock:
+            self._results.append((batch, result, error))
+            self.outstanding -= 1
+            if not self.outstanding:
+                self._none_left.set()
+            self._some.set()
+        loop = self._loop
+        if loop is not None and loop.sleeping:  # a thread's result: the pass thread may wait in the loop
+            loop.wake()
 
     def collect(self, window: float) -> list[tuple["_Batch", Finish | None, BaseException | None]]:
         """Wait until a delivery completes, then up to ``window`` seconds more for others (less
-        when none is left in flight); what completed, in order."""
-        self._some.wait()
-        self._none_left.wait(window)
+        when none is left in flight); what completed, in order. Deliveries written as steps
+        move meanwhile, on this thread."""
+        loop = self._loop
+        if loop is None:
+            self._some.wait()
+            self._none_left.wait(window)
+        else:
+            self._loop_collect(loop, window)
         with self._lock:
             done, self._results = self._results, []
             self._some.clear()
         return done
+
+    def _loop_collect(self, loop: StepLoop, window: float) -> None:
+        """:meth:`collect`'s waits, turning ``loop`` meanwhile (or, with nothing of its own to
+        run, waiting for the threads' results)."""
+        some, none_left = self._some, self._none_left
+        while not some.is_set():
+            if loop.busy:
+                loop.turn(None, news=some.is_set)
+            else:
+                some.wait()
+        until = time.monotonic() + window
+        while not none_left.is_set() and (left := until - time.monotonic()) > 0:
+            if loop.busy:
+                loop.turn(left, news=none_left.is_set)
+            else:
+                none_left.wait(left)
 
 
 def _batches_collect(pool: _Deliveries) -> None:
@@ -1071,6 +1132,9 @@ class _Batch:
         streaks = self.streaks
 
         def deliver(row: Notification, targets: list[str]) -> Finish:
+            return steps_run(deliver_steps(row, targets))
+
+        def deliver_steps(row: Notification, targets: list[str]) -> Steps[Finish]:
             context = self.contexts[row.type]
             assert context.session is not None, "rows without a session are finished before delivery"
             channel = context.channel
@@ -1084,7 +1148,9 @@ class _Batch:
                 return finish(row, DeliveryOutcome(started=False))
             # No wait of the adapter's may outlive the claim: another worker would send again.
             with delivery_deadline(lease_deadline - lease_margin):
-                outcome = notification_deliver(notification=row, targets=targets, session=context.session)
+                outcome = yield from notification_deliver_steps(
+                    notification=row, targets=targets, session=context.session
+                )
             if outcome.adapter_called:
                 self.pace.observe(outcome.duration_ms)
             failure = outcome.error.failure_class if outcome.error is not None else None
@@ -1099,6 +1165,8 @@ class _Batch:
         for row, targets, error in plans:
             if error is not None:
                 early.append(finish(row, DeliveryOutcome(error=error)))
+            elif settings.OUTBOX_DELIVERY_LOOP and getattr(self.contexts[row.type].session, "runs_steps", False):
+                pool.submit_steps(self, deliver_steps, row, targets)
             else:
                 pool.submit(self, deliver, row, targets)
         if early:

@@ -168,68 +168,79 @@ class _Run:
 
 
 class StepLoop:
-    """Runs generators of steps, up to ``size`` at a time, on one thread of its own.
+    """Runs generators of steps, up to ``size`` at a time, on the thread that calls :meth:`turn`.
 
     :meth:`submit` queues ``factory(*args)`` (a generator of steps, created and run in a context
     of its own, so context variables set within one never leak into another); when it ends,
-    ``done(key, result, error)`` is called on the loop's thread. :meth:`stop` waits for what
-    runs and was queued; :meth:`drop` forgets what is queued and not started."""
+    ``done(key, result, error)`` is called from :meth:`turn`. The owner turns the loop while it
+    has nothing else to do (a dispatch pass: while it waits for results), so the deliveries and
+    the pass share one thread and never hand the interpreter lock to each other. Other threads
+    may :meth:`submit` and :meth:`wake` it. :meth:`drop` forgets what is queued and not started.
+    """
 
-    def __init__(
-        self, *, size: int, done: Callable[[Any, Any, BaseException | None], None], name: str = "steps"
-    ) -> None:
+    def __init__(self, *, size: int, done: Callable[[Any, Any, BaseException | None], None]) -> None:
         self._size = size
         self._done = done
-        self._tasks: deque[tuple[Any, Callable[..., Steps[Any]], tuple[Any, ...]] | None] = deque()
+        self._tasks: deque[tuple[Any, Callable[..., Steps[Any]], tuple[Any, ...]]] = deque()
         self._answers: deque[tuple[_Run, Any, BaseException | None]] = deque()  # from Blocking calls
+        self._running: set[_Run] = set()
+        self._waiting: set[_Run] = set()  # runs waiting on a socket (with a deadline)
         self._sleeping = False
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._wake_write.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_read, selectors.EVENT_READ, None)
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
 
     # --- the callers' side ------------------------------------------------------------------
 
     def submit(self, key: Any, factory: Callable[..., "Steps[Any]"], *args: Any) -> None:
         self._tasks.append((key, factory, args))
         if self._sleeping:
-            self._wake()
+            self.wake()
 
     def drop(self) -> None:
         """Forget the generators queued and not started (a failed pass: nobody could record
         their results)."""
-        kept = [task for task in list(self._tasks) if task is None]
         self._tasks.clear()
-        self._tasks.extend(kept)
 
-    def stop(self) -> None:
-        """Run what is started and queued to its end, then end the thread."""
-        self._tasks.append(None)
-        self._wake()
-        self._thread.join()
+    @property
+    def busy(self) -> bool:
+        """Generators run or wait to be started."""
+        return bool(self._running or self._tasks)
+
+    def close(self) -> None:
         self._selector.close()
         self._wake_read.close()
         self._wake_write.close()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """End a :meth:`turn` waiting now or about to wait (from any thread)."""
         with contextlib.suppress(BlockingIOError):  # a wake is pending already
             self._wake_write.send(b"\0")
 
+    @property
+    def sleeping(self) -> bool:
+        """A :meth:`turn` waits (or is about to): another thread's news must :meth:`wake` it."""
+        return self._sleeping
+
     # --- the loop -----------------------------------------------------------------------------
 
-    def _main(self) -> None:
-        running: set[_Run] = set()
+    def turn(self, timeout: float | None, *, news: Callable[[], bool] | None = None) -> None:
+        """Start what can be started, wait up to ``timeout`` seconds (None: until something
+        happens) for the sockets, and move every run that can move. ``news``: the owner's own
+        reason not to wait (checked once :attr:`sleeping` is set, so that another thread either
+        sees it set and wakes the loop, or its news is seen here). A bug in here fails every
+        run and queued generator with it (their owner raises it), never leaves them waiting."""
         try:
-            self._loop(running)
+            self._turn(timeout, news)
         except BaseException as exc:
-            for run in list(running):
+            for run in list(self._running):
                 self._report(run.key, None, exc)
             for task in list(self._tasks):
-                if task is not None:
-                    self._report(task[0], None, exc)
+                self._report(task[0], None, exc)
+            self._running.clear()
+            self._waiting.clear()
             self._tasks.clear()
             raise
 
@@ -239,48 +250,39 @@ class StepLoop:
         except Exception:
             logger.exception("a delivery's result could not be handed over")
 
-    def _loop(self, running: set["_Run"]) -> None:
-        waiting: set[_Run] = set()  # runs waiting on a socket (with a deadline)
-        stopping = False
-        select = self._selector.select
-        while True:
-            while self._answers:
-                run, value, error = self._answers.popleft()
-                self._advance(run, value, error, running, waiting)
-            while not stopping and len(running) < self._size and self._tasks:
-                task = self._tasks.popleft()
-                if task is None:
-                    stopping = True
-                    break
-                self._start(task, running, waiting)
-            if stopping and not running:
-                return
-            timeout: float | None = None
-            if waiting:
-                timeout = max(0.0, min(run.deadline for run in waiting) - time.monotonic())
-            self._sleeping = True
-            if self._answers or (not stopping and len(running) < self._size and self._tasks):
-                timeout = 0.0
-            events = select(timeout)
-            self._sleeping = False
-            for key, mask in events:
-                run = key.data
-                if run is None:
-                    with contextlib.suppress(BlockingIOError):
-                        self._wake_read.recv(4096)
-                elif run in waiting:
-                    self._ready(run, mask, running, waiting)
-            if waiting:
-                now = time.monotonic()
-                for run in [run for run in waiting if run.deadline <= now]:
-                    self._expire(run, running, waiting)
+    def _turn(self, timeout: float | None, news: Callable[[], bool] | None) -> None:
+        running, waiting = self._running, self._waiting
+        while self._answers:
+            run, value, error = self._answers.popleft()
+            self._advance(run, value, error)
+        while len(running) < self._size and self._tasks:
+            self._start(self._tasks.popleft())
+        if waiting:
+            soonest = max(0.0, min(run.deadline for run in waiting) - time.monotonic())
+            timeout = soonest if timeout is None else min(timeout, soonest)
+        self._sleeping = True
+        if self._answers or (len(running) < self._size and self._tasks) or (news is not None and news()):
+            timeout = 0.0
+        events = self._selector.select(timeout)
+        self._sleeping = False
+        for key, mask in events:
+            run = key.data
+            if run is None:
+                with contextlib.suppress(BlockingIOError):
+                    self._wake_read.recv(4096)
+            elif run in waiting:
+                self._ready(run, mask)
+        if waiting:
+            now = time.monotonic()
+            for run in [run for run in waiting if run.deadline <= now]:
+                self._expire(run)
+        while self._answers:
+            run, value, error = self._answers.popleft()
+            self._advance(run, value, error)
+        while len(running) < self._size and self._tasks:
+            self._start(self._tasks.popleft())
 
-    def _start(
-        self,
-        task: tuple[Any, Callable[..., "Steps[Any]"], tuple[Any, ...]],
-        running: set[_Run],
-        waiting: set[_Run],
-    ) -> None:
+    def _start(self, task: tuple[Any, Callable[..., "Steps[Any]"], tuple[Any, ...]]) -> None:
         key, factory, args = task
         context = contextvars.Context()
         try:
@@ -289,13 +291,12 @@ class StepLoop:
             self._report(key, None, exc)
             return
         run = _Run(key=key, steps=steps, context=context)
-        running.add(run)
-        self._advance(run, None, None, running, waiting)
+        self._running.add(run)
+        self._advance(run, None, None)
 
-    def _advance(
-        self, run: _Run, value: Any, error: BaseException | None, running: set[_Run], waiting: set[_Run]
-    ) -> None:
+    def _advance(self, run: _Run, value: Any, error: BaseException | None) -> None:
         """Resume ``run`` with a step's result (or exception) until it waits or ends."""
+        waiting = self._waiting
         while True:
             waiting.discard(run)
             try:
@@ -304,10 +305,10 @@ class StepLoop:
                 else:
                     step = run.context.run(run.steps.throw, error)
             except StopIteration as finished:
-                self._end(run, running, finished.value, None)
+                self._end(run, finished.value, None)
                 return
             except BaseException as exc:  # noqa: BLE001 - the caller's to raise
-                self._end(run, running, None, exc)
+                self._end(run, None, exc)
                 return
             value, error = None, None
             if isinstance(step, Blocking):
@@ -337,11 +338,11 @@ class StepLoop:
         except BaseException as exc:  # noqa: BLE001 - thrown into the steps
             error = exc
         self._answers.append((run, value, error))
-        self._wake()
+        self.wake()
 
-    def _end(self, run: _Run, running: set[_Run], value: Any, error: BaseException | None) -> None:
+    def _end(self, run: _Run, value: Any, error: BaseException | None) -> None:
         self._unregister(run)
-        running.discard(run)
+        self._running.discard(run)
         self._report(run.key, value, error)
 
     # --- one exchange -------------------------------------------------------------------------
@@ -419,7 +420,7 @@ class StepLoop:
                 self._selector.unregister(run.registered)
             run.registered = None
 
-    def _ready(self, run: _Run, mask: int, running: set[_Run], waiting: set[_Run]) -> None:
+    def _ready(self, run: _Run, mask: int) -> None:
         step = run.step
         assert step is not None
         try:
@@ -429,13 +430,13 @@ class StepLoop:
                     return
                 if not self._reading_begin(run):
                     return
-                self._advance(run, run.replies, None, running, waiting)
+                self._advance(run, run.replies, None)
                 return
             if self._read(run):
-                self._advance(run, run.replies, None, running, waiting)
+                self._advance(run, run.replies, None)
         except BaseException as exc:  # noqa: BLE001 - thrown into the steps
             self._unregister(run)
-            self._advance(run, None, exc, running, waiting)
+            self._advance(run, None, exc)
 
     def _read(self, run: _Run) -> bool:
         """Read what has come; True once the step's replies are all in."""
@@ -511,7 +512,7 @@ class StepLoop:
             smtp.close()
         return smtplib.SMTPResponseException(500, "Line too long.")
 
-    def _expire(self, run: _Run, running: set[_Run], waiting: set[_Run]) -> None:
+    def _expire(self, run: _Run) -> None:
         """``run``'s wait ran out: the step fails as a timed-out smtplib call does."""
         smtp = run.step.smtp  # type: ignore[union-attr]
         self._unregister(run)
@@ -520,4 +521,4 @@ class StepLoop:
             error = _lost(smtp, "Server not connected", _timed_out())
         else:
             error = _lost(smtp, "Connection unexpectedly closed: timed out", _timed_out())
-        self._advance(run, None, error, running, waiting)
+        self._advance(run, None, error)
