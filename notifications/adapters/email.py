@@ -9,10 +9,14 @@ attempt, alone), or ambiguous (the message was handed over and the answer lost: 
 with the same Message-ID). A server that takes no more recipients in one transaction
 (``452 4.5.3``) gets the rest in the next transaction of the same attempt.
 
-A session keeps a small pool of open connections for a batch; any dispatcher thread takes one,
-uses it for one message and gives it back, so a batch of 200 costs ``concurrency`` TCP (and TLS)
+A session keeps a small pool of open connections for a pass; each delivery takes one, uses it
+for one message and gives it back, so a batch of 200 costs ``concurrency`` TCP (and TLS)
 handshakes, not 200. Every network call has the configured timeout, but the wait for the answer
 to the end of the message, which has its own (``data_timeout_seconds``).
+
+The conversation is written as generators of network steps (:meth:`EmailSession.deliver_steps`,
+notifications.adapters.smtp_steps): a dispatch pass runs many on its own thread with
+non-blocking sockets; :meth:`EmailSession.deliver` runs one, blocking, on the caller's thread.
 
 The console's "Send test email" goes through the same session (:func:`email_send_test`), so
 it connects, authenticates and classifies failures exactly as delivery does.

@@ -24,7 +24,9 @@ and for the console's "Send test email" alike, so both go through one code path.
   blocking socket instead of Python's: each read or write is then one system call instead of
   a ``poll`` and the call, and a thread gives up the interpreter lock once per call instead of
   twice. With eight delivery threads, measured on two cores, that is a third less CPU a
-  message (:func:`transfer_mode`). Writes larger than :data:`KERNEL_SEND_BYTES` keep Python's
+  message (:func:`transfer_mode`). This is how a connection waits when its conversation runs
+  blocking (notifications.adapters.smtp_steps: the console's test email, or dispatch with
+  ``OUTBOX_DELIVERY_LOOP=false``); a dispatch pass's own loop makes the socket non-blocking. Writes larger than :data:`KERNEL_SEND_BYTES` keep Python's
   timeout, which bounds the whole write (the kernel's restarts whenever the server reads a
   little). TLS connections keep Python's timeouts: on a blocking TLS socket a read that timed
   out in the kernel would be retried by the ssl module, never raised.

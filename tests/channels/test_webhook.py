@@ -7,10 +7,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from notifications.models import DeliveryAttempt, Notification, WebhookTarget
+from notifications.models import DeliveryAttempt, EmailRecipient, Notification, WebhookTarget
 from tests.channels.conftest import configure_channel, make_due
-from tests.dispatch.conftest import fresh, queue, run_pass
+from tests.dispatch.conftest import configure_smtp, fresh, queue, run_pass
 from tests.support.receivers import Reply, new_webhook_secret
+from tests.support.smtp import SmtpServer
 
 Status = Notification.Status
 
@@ -227,3 +228,21 @@ def test_a_secret_the_keys_cannot_decrypt_refuses_that_target_and_the_others_are
     old = next(entry for entry in notification.resolved_targets if entry["target"].endswith("/old"))
     assert old["outcome"] == "refused" and "cannot be decrypted" in old["detail"]
     assert [request.path for request in webhook_receiver.received] == ["/new"]
+
+
+def test_email_and_webhooks_in_one_pass_are_each_delivered_once(channel_list, webhook_receiver):
+    # Email runs on the pass's own thread, webhooks on delivery threads: the pass waits for both.
+    add_hooks(channel_list, webhook_receiver, "/hook")
+    EmailRecipient.objects.create(notification_list=channel_list, email="ops@example.com")
+    with SmtpServer(pipelining=True) as server:
+        configure_smtp(server)
+        hooks = [queue_webhook(subject=f"hook {number}") for number in range(6)]
+        mails = queue(6, type="email", list_name="Channels")
+        report = run_pass(concurrency=3)
+        assert report.delivered == 12
+        assert server.count == 6
+        assert set(server.count_by_notification_id().values()) == {1}
+    assert sorted(request.headers["webhook-id"] for request in webhook_receiver.received) == sorted(
+        str(row.notification_id) for row in hooks
+    )
+    assert all(fresh(row).status == Status.DELIVERED for row in [*hooks, *mails])
