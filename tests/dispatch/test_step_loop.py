@@ -6,6 +6,7 @@ context, a failure of one never stopping the others, and a bug never leaving a d
 Real sockets on loopback: aiosmtpd, and scripted servers for what aiosmtpd will not do."""
 
 import contextlib
+import selectors
 import socket
 import threading
 import time
@@ -82,13 +83,19 @@ def scripted(
     end: bytes | None = b"250 2.0.0 queued\r\n",
     close_after_354: bool = False,
     bytewise: bool = False,
+    content: str = "read",
 ) -> Iterator[int]:
     """A server that speaks SMTP with PIPELINING and answers MAIL FROM with ``mail`` (None:
     never answers), the end of a message with ``end`` (None: never answers; empty: closes the
     connection; without a line end: closes after it), optionally closing right after its 354, and writing every reply a byte at a
-    time (``bytewise``: each read of the client's gets a piece of a line). Yields its port."""
+    time (``bytewise``: each read of the client's gets a piece of a line). ``content``: how the
+    message is read after the 354: ``read`` at once, ``slowly`` (64 KiB at a time, a millisecond's
+    pause after each), or ``never``. Yields its port."""
 
     def session(conn: socket.socket, stopping: threading.Event) -> None:
+        if content == "never":
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
         def say(data: bytes) -> None:
             if not bytewise:
                 conn.sendall(data)
@@ -115,8 +122,20 @@ def scripted(
                 if close_after_354:
                     conn.shutdown(socket.SHUT_RDWR)
                     return
-                while reader.readline() not in (b".\r\n", b""):
-                    pass
+                if content == "never":
+                    stopping.wait(10)
+                    return
+                if content == "slowly":
+                    tail = b""
+                    while not tail.endswith(b"\r\n.\r\n"):
+                        piece = reader.read1(65536)
+                        if not piece:
+                            return
+                        tail = (tail + piece)[-5:]
+                        time.sleep(0.001)
+                else:
+                    while reader.readline() not in (b".\r\n", b""):
+                        pass
                 if end is None:
                     stopping.wait(10)
                     return
@@ -182,6 +201,41 @@ def test_no_answer_to_the_message_is_ambiguous_after_the_data_timeout_not_the_ti
     assert (kind, failure_class, ambiguous) == ("error", "timeout", True)
     assert {entry["outcome"] for entry in targets} == {"ambiguous"}
     assert 1.4 <= elapsed < 5, elapsed
+
+
+def big(megabytes: int) -> Notification:
+    row = notification("a large report")
+    row.body = "A line of a large report, long enough to count.\n" * (megabytes * 21_000)
+    return row
+
+
+def test_a_large_message_to_a_slow_reader_goes_out_in_pieces_in_the_loop(monkeypatch):
+    interests: list[int] = []
+    interest = StepLoop._interest
+
+    def spying(self: StepLoop, run: Any, events: int) -> None:
+        interests.append(events)
+        interest(self, run, events)
+
+    monkeypatch.setattr(StepLoop, "_interest", spying)
+    with scripted(content="slowly") as port:
+        config = plain_config(port, timeout_seconds=5, data_timeout_seconds=20)
+        ((kind, targets, *_),) = looped(config, [big(8)], TARGETS)
+    assert kind == "delivered"
+    assert [entry["outcome"] for entry in targets] == ["delivered", "delivered"]
+    assert selectors.EVENT_WRITE in interests  # the socket took the message a piece at a time
+
+
+def test_a_server_that_stops_reading_the_message_times_out_and_the_recipients_are_owed_it_in_the_loop():
+    with scripted(content="never") as port:
+        started = time.monotonic()
+        ((kind, _message, failure_class, targets, ambiguous, _),) = looped(
+            plain_config(port, timeout_seconds=1), [big(8)], TARGETS
+        )
+        elapsed = time.monotonic() - started
+    assert (kind, failure_class, ambiguous) == ("error", "timeout", False)
+    assert {entry["outcome"] for entry in targets} == {"deferred"}  # never handed over: sent again
+    assert 0.9 <= elapsed < 5, elapsed
 
 
 def test_one_thread_delivers_many_at_once_over_as_many_connections():
