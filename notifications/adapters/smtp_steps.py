@@ -159,6 +159,7 @@ class _Run:
     steps: Steps[Any]
     context: contextvars.Context
     step: Exchange | None = None
+    wire: _Wire | None = None  # the step's connection's
     out: memoryview | None = None  # bytes still to write
     replies: list[tuple[int, bytes]] = field(default_factory=list)
     lines: list[bytes] = field(default_factory=list)  # lines of the reply being read
@@ -359,18 +360,21 @@ class StepLoop:
             sock.setblocking(False)
             wire.nonblocking = True
         run.step = step
+        run.wire = wire
         run.replies = []
         run.lines = []
         data = step.data
-        if isinstance(data, str):
-            data = data.encode(smtp.command_encoding)
-        run.out = memoryview(data) if data else None
-        run.deadline = time.monotonic() + (smtp.timeout or 0)
-        if run.out is not None:
+        if data:
+            if isinstance(data, str):
+                data = data.encode(smtp.command_encoding)
+            run.out = memoryview(data)
+            run.deadline = time.monotonic() + (smtp.timeout or 0)
             self._write(run)
             if run.out is not None:
                 self._interest(run, selectors.EVENT_WRITE)
                 return False
+        else:
+            run.out = None
         return self._reading_begin(run)
 
     def _reading_begin(self, run: _Run) -> bool:
@@ -378,9 +382,10 @@ class StepLoop:
         assert step is not None
         if not step.replies:
             return True
-        if self._parse(run):
+        wire = run.wire
+        assert wire is not None
+        if wire.buffer and self._parse(run):  # in a conversation kept in step, nothing is left over
             return True
-        wire = _wire(step.smtp)
         if wire.eof:
             raise _lost(step.smtp, "Connection unexpectedly closed", None)
         run.deadline = time.monotonic() + (step.wait if step.wait is not None else step.smtp.timeout or 0)
@@ -445,7 +450,8 @@ class StepLoop:
         smtp = step.smtp
         sock = smtp.sock
         assert sock is not None
-        wire = _wire(smtp)
+        wire = run.wire
+        assert wire is not None
         pending = sock.pending if isinstance(sock, ssl.SSLSocket) else None
         try:
             while True:
@@ -474,36 +480,40 @@ class StepLoop:
         """Take whole reply lines off the connection's buffer, as smtplib's ``getreply`` reads
         them; True once the step's replies are all in. At the end of the stream, a last line
         without its line end counts as a line (as ``readline`` returns it)."""
-        step = run.step
-        assert step is not None
-        wire = _wire(step.smtp)
+        step, wire = run.step, run.wire
+        assert step is not None and wire is not None
         buffer = wire.buffer
+        replies, lines, want = run.replies, run.lines, step.replies
+        size = len(buffer)
         start = 0
-        try:
-            while len(run.replies) < step.replies:
-                end = buffer.find(b"\n", start)
-                if end < 0:
-                    if len(buffer) - start > MAX_LINE:
-                        raise self._too_long(run)
-                    if not (wire.eof and start < len(buffer)):
-                        break
-                    end = len(buffer) - 1
-                line = bytes(buffer[start : end + 1])
-                start = end + 1
-                if len(line) > MAX_LINE:
+        while len(replies) < want:
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                if size - start > MAX_LINE:
                     raise self._too_long(run)
-                run.lines.append(line[4:].strip(b" \t\r\n"))
-                try:
-                    code = int(line[:3])
-                except ValueError:
-                    code = -1
-                if code == -1 or line[3:4] != b"-":
-                    run.replies.append((code, b"\n".join(run.lines)))
-                    run.lines = []
-        finally:
-            if start:
-                del buffer[:start]
-        return len(run.replies) >= step.replies
+                if not (wire.eof and start < size):
+                    break
+                end = size - 1
+            if end + 1 - start > MAX_LINE:
+                raise self._too_long(run)
+            line = bytes(buffer[start : end + 1])
+            start = end + 1
+            try:
+                code = int(line[:3])
+            except ValueError:
+                code = -1
+            text = line[4:].strip(b" \t\r\n")
+            if code != -1 and line[3:4] == b"-":
+                lines.append(text)
+            elif lines:
+                lines.append(text)
+                replies.append((code, b"\n".join(lines)))
+                lines.clear()
+            else:
+                replies.append((code, text))
+        if start:
+            del buffer[:start]
+        return len(replies) >= want
 
     def _too_long(self, run: _Run) -> smtplib.SMTPResponseException:
         smtp = run.step.smtp  # type: ignore[union-attr]
