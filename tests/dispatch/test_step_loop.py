@@ -338,8 +338,8 @@ def test_a_bug_in_the_loop_itself_fails_every_delivery_rather_than_leaving_it_wa
     assert not loop.busy
 
 
-@pytest.mark.usefixtures("operators_list")
-def test_a_pass_delivers_email_on_its_own_thread(smtp_server, smtp_config, monkeypatch):
+def delivering_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread each email delivery starts on, in order (filled as they start)."""
     names: list[str] = []
     deliver_steps = EmailSession.deliver_steps
 
@@ -348,6 +348,12 @@ def test_a_pass_delivers_email_on_its_own_thread(smtp_server, smtp_config, monke
         return (yield from deliver_steps(self, *args))
 
     monkeypatch.setattr(EmailSession, "deliver_steps", spying)
+    return names
+
+
+@pytest.mark.usefixtures("operators_list")
+def test_a_pass_delivers_email_on_its_own_thread(smtp_server, smtp_config, monkeypatch):
+    names = delivering_threads(monkeypatch)
     rows = queue(12)
     report = run_pass(concurrency=4)
     assert report.delivered == 12
@@ -358,14 +364,7 @@ def test_a_pass_delivers_email_on_its_own_thread(smtp_server, smtp_config, monke
 
 @pytest.mark.usefixtures("operators_list")
 def test_with_the_loop_off_a_pass_delivers_email_on_threads(smtp_server, smtp_config, monkeypatch):
-    names: list[str] = []
-    deliver_steps = EmailSession.deliver_steps
-
-    def spying(self: EmailSession, *args: Any) -> Any:
-        names.append(threading.current_thread().name)
-        return (yield from deliver_steps(self, *args))
-
-    monkeypatch.setattr(EmailSession, "deliver_steps", spying)
+    names = delivering_threads(monkeypatch)
     rows = queue(8)
     with override_settings(OUTBOX_DELIVERY_LOOP=False):
         report = run_pass(concurrency=4)
