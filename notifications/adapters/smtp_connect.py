@@ -184,7 +184,7 @@ def _quoted(address: str) -> str:
 class _QuotingOnce:
     """``mail`` and ``rcpt`` exactly as smtplib writes them, with the address quoted by
     :func:`_quoted`; and the same commands as lines, for writing several at once
-    (:func:`commands_send`, RFC 2920 pipelining)."""
+    (the email adapter's pipelined transaction, RFC 2920)."""
 
     def mail_command(self: Any, sender: str, options: Sequence[str] = ()) -> str:
         optionlist = ""
@@ -215,15 +215,6 @@ def _line(command: str) -> str:
     if "\r" in command or "\n" in command:
         raise ValueError(f"command and arguments contain prohibited newline characters: {command!r}")
     return f"{command}\r\n"
-
-
-def commands_send(smtp: smtplib.SMTP, commands: Sequence[str]) -> list[tuple[int, bytes]]:
-    """Write ``commands`` (lines ending in CRLF) in one piece, then read one reply for each,
-    in order (RFC 2920; only for a server that advertises PIPELINING). Every reply is read
-    even when an early one refuses, so the connection stays in step. Raises what smtplib
-    raises for a lost connection or an unreadable reply."""
-    smtp.send("".join(commands))
-    return [smtp.getreply() for _ in commands]
 
 
 class _Receiver(io.RawIOBase):
