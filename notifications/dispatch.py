@@ -360,17 +360,13 @@ class DeliveryOutcome:
     adapter_called: bool = False  # False for a failure found before delivery (an unknown list, …)
 
 
-def notification_deliver(*, notification: Notification, targets: list[str], session: Session) -> DeliveryOutcome:
-    """Deliver one notification through an open adapter session; never raises for delivery
-    failures (they are returned as ``DeliveryOutcome.error``)."""
-    return steps_run(notification_deliver_steps(notification=notification, targets=targets, session=session))
-
-
 def notification_deliver_steps(
     *, notification: Notification, targets: list[str], session: Session
 ) -> Steps[DeliveryOutcome]:
-    """:func:`notification_deliver` as steps (notifications.adapters.smtp_steps): the
-    session's own when it has them (``runs_steps``), else its blocking ``deliver``."""
+    """Deliver one notification through an open adapter session, as steps
+    (notifications.adapters.smtp_steps: the session's own when it has them, ``runs_steps``,
+    else its blocking ``deliver``); never raises for delivery failures (they are returned as
+    ``DeliveryOutcome.error``)."""
     clock = time.monotonic()
     result: DeliveryResult | None = None
     error: DeliveryError | None = None
@@ -940,8 +936,11 @@ class _Pace:
 
 
 class _Deliveries:
-    """The pass's delivery threads. :meth:`submit` queues a delivery of a batch; the threads
-    run them and keep their results until the pass thread collects them (:meth:`collect`).
+    """The pass's deliveries. :meth:`submit_steps` queues a delivery written as steps (email)
+    on a :class:`StepLoop` that the pass thread turns while it waits for results;
+    :meth:`submit` queues one for the delivery threads (other channels, or email with
+    ``OUTBOX_DELIVERY_LOOP`` off). Both keep their results until the pass thread collects them
+    (:meth:`collect`).
 
     Leaner than ``concurrent.futures``, which for every delivery builds a future and, for every
     wait, adds a waiter to each delivery in flight: the pass thread wakes once per group of
@@ -949,7 +948,7 @@ class _Deliveries:
     threads wait for."""
 
     def __init__(self, *, threads: int) -> None:
-        self._loop: StepLoop | None = None  # runs deliveries written as steps: started by the first
+        self._loop: StepLoop | None = None  # made by the first delivery written as steps
         self._tasks: queue.SimpleQueue[tuple[_Batch, Callable[..., Finish], tuple[Any, ...]] | None] = (
             queue.SimpleQueue()
         )
