@@ -387,7 +387,7 @@ class StepLoop:
         if wire.buffer and self._parse(run):  # in a conversation kept in step, nothing is left over
             return True
         if wire.eof:
-            raise _lost(step.smtp, "Connection unexpectedly closed", None)
+            raise self._lost(run, "Connection unexpectedly closed", None)
         run.deadline = time.monotonic() + (step.wait if step.wait is not None else step.smtp.timeout or 0)
         self._interest(run, selectors.EVENT_READ)
         return False
@@ -406,7 +406,7 @@ class StepLoop:
             return
         except OSError as exc:
             run.out = None
-            raise _lost(smtp, "Server not connected", exc) from None
+            raise self._lost(run, "Server not connected", exc) from None
         run.out = None
 
     def _interest(self, run: _Run, events: int) -> None:
@@ -465,13 +465,11 @@ class StepLoop:
         except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             pass
         except OSError as exc:
-            self._unregister(run)
-            raise _lost(smtp, f"Connection unexpectedly closed: {exc}", exc) from None
+            raise self._lost(run, f"Connection unexpectedly closed: {exc}", exc) from None
         if self._parse(run):
             return True
         if wire.eof:
-            self._unregister(run)
-            raise _lost(smtp, "Connection unexpectedly closed", None)
+            raise self._lost(run, "Connection unexpectedly closed", None)
         if step.wait is None:
             run.deadline = time.monotonic() + (smtp.timeout or 0)  # the timeout runs from the last byte
         return False
@@ -515,6 +513,12 @@ class StepLoop:
             del buffer[:start]
         return len(replies) >= want
 
+    def _lost(self, run: _Run, message: str, cause: BaseException | None) -> smtplib.SMTPServerDisconnected:
+        """:func:`_lost` for ``run``'s connection, taken off the selector first: once closed,
+        its descriptor may be reused by a connection opened meanwhile."""
+        self._unregister(run)
+        return _lost(run.step.smtp, message, cause)  # type: ignore[union-attr]
+
     def _too_long(self, run: _Run) -> smtplib.SMTPResponseException:
         smtp = run.step.smtp  # type: ignore[union-attr]
         self._unregister(run)
@@ -524,11 +528,9 @@ class StepLoop:
 
     def _expire(self, run: _Run) -> None:
         """``run``'s wait ran out: the step fails as a timed-out smtplib call does."""
-        smtp = run.step.smtp  # type: ignore[union-attr]
-        self._unregister(run)
         if run.out is not None:
             run.out = None
-            error = _lost(smtp, "Server not connected", _timed_out())
+            error = self._lost(run, "Server not connected", _timed_out())
         else:
-            error = _lost(smtp, "Connection unexpectedly closed: timed out", _timed_out())
+            error = self._lost(run, "Connection unexpectedly closed: timed out", _timed_out())
         self._advance(run, None, error)
