@@ -24,28 +24,37 @@ from django.db.models import TextField
 from django.db.models.functions import Cast
 
 from notifications.list_names import notification_lists_by_name
+from notifications.secret_binding import BINDINGS, binding_problem
 from notifications.secrets import SecretDecryptionError, secret_decrypt
 
 E164 = re.compile(r"^\+[1-9][0-9]{6,14}$")
 _http_url = URLValidator(schemes=["http", "https"])
 
 
+UNDECRYPTABLE = (
+    "Its stored secret cannot be decrypted with the configured keys (OUTBOX_SECRET_KEYS / SECRET_KEY changed?): "
+    "restore the old key as a second OUTBOX_SECRET_KEYS entry or re-enter it."
+)
+
+
 class Target(str):
     """One target as resolved for a delivery: the masked text, plus ``address`` (the real URL
-    or number), ``secret`` (webhooks) and ``ref``."""
+    or number), ``secret`` (webhooks), ``ref``, and ``refusal``: why it must not be sent to at
+    all (its secret does not decrypt, or was entered for another URL), or ""."""
 
     address: str
     secret: str
     ref: str
-    undecryptable: bool
+    refusal: str
 
-    def __new__(cls, masked: str, *, address: str, secret: str = "", undecryptable: bool = False) -> "Target":
+    def __new__(
+        cls, masked: str, *, address: str, secret: str = "", refusal: str = "", ref: str | None = None
+    ) -> "Target":
         target = super().__new__(cls, masked)
         target.address = address
         target.secret = secret
-        # The stored secret (or Apprise URL) does not decrypt with the configured keys.
-        target.undecryptable = undecryptable
-        target.ref = target_ref(address or masked)
+        target.refusal = refusal
+        target.ref = ref or target_ref(address or masked)
         return target
 
 
@@ -57,8 +66,9 @@ def target_ref(address: str) -> str:
 # --- checks -------------------------------------------------------------------------------
 
 
-def http_url_problem(value: Any, *, what: str = "URL") -> str | None:
-    """An http(s) URL a delivery can post to, or what is wrong with it."""
+def http_url_problem(value: Any, *, what: str = "URL", echo: bool = True) -> str | None:
+    """An http(s) URL a delivery can post to, or what is wrong with it. ``echo``: the problem
+    may quote the URL's start (not for a URL that is itself a secret)."""
     if not isinstance(value, str) or not value:
         return f"{what} is required."
     if len(value) > 2000:
@@ -66,7 +76,11 @@ def http_url_problem(value: Any, *, what: str = "URL") -> str | None:
     try:
         _http_url(value)
     except ValidationError:
-        return f"{value[:80]!r} is not a valid http:// or https:// URL."
+        return (
+            f"{value[:80]!r} is not a valid http:// or https:// URL."
+            if echo
+            else (f"{what} is not a valid http:// or https:// URL.")
+        )
     return None
 
 
@@ -201,19 +215,30 @@ def targets_resolve(*, channel: str, list_names: Iterable[str]) -> dict[str, lis
     by_pk: dict[int, list[str]] = {item.pk: [] for item in found.values()}
     if by_pk:
         if channel == "teams":
-            for list_id, url in TeamsTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
-                "notification_list_id", "url"
-            ):
-                by_pk[list_id].append(Target(url_masked(url), address=url))
-        elif channel == "webhook":
-            rows = WebhookTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
-                "notification_list_id", "url", Cast("secret", TextField())
+            teams = TeamsTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
+                "notification_list_id", "url_digest", Cast("url", TextField())
             )
-            for list_id, url, stored in rows:
+            for list_id, digest, stored in teams:
+                url = _decrypted(stored)
+                if url is None:
+                    # Told apart from the list's other Teams targets by the URL's digest.
+                    masked = "(a Teams URL)"
+                    by_pk[list_id].append(Target(masked, address="", refusal=UNDECRYPTABLE, ref=target_ref(digest)))
+                else:
+                    by_pk[list_id].append(Target(url_masked(url), address=url))
+        elif channel == "webhook":
+            binding = BINDINGS["webhooktarget"][0]
+            rows = WebhookTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
+                "notification_list_id", "url", Cast("secret", TextField()), "secret_binding"
+            )
+            for list_id, url, stored, digest in rows:
                 secret = _decrypted(stored)
-                by_pk[list_id].append(
-                    Target(url_masked(url), address=url, secret=secret or "", undecryptable=secret is None)
-                )
+                if secret is None:
+                    refusal = UNDECRYPTABLE
+                else:
+                    # Defence in depth: a secret whose URL changed behind the forms' back is not sent.
+                    refusal = binding_problem(binding=binding, secret=secret, values={"url": url}, digest=digest) or ""
+                by_pk[list_id].append(Target(url_masked(url), address=url, secret=secret or "", refusal=refusal))
         elif channel == "sms":
             for list_id, number in SmsTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
                 "notification_list_id", "phone_number"
@@ -226,7 +251,11 @@ def targets_resolve(*, channel: str, list_names: Iterable[str]) -> dict[str, lis
             for list_id, display, stored in services:
                 service_url = _decrypted(stored)
                 by_pk[list_id].append(
-                    Target(display or "***", address=service_url or "", undecryptable=service_url is None)
+                    Target(
+                        display or "***",
+                        address=service_url or "",
+                        refusal=UNDECRYPTABLE if service_url is None else "",
+                    )
                 )
         else:
             raise ValueError(f"no list targets for channel {channel!r}")

@@ -85,15 +85,20 @@ def check_attachment_limit(app_configs: Sequence[AppConfig] | None = None, **kwa
 
 def check_channels(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """System checks of the channels beyond email (database tag): outbox.E011, a stored channel
-    secret (webhook secret, Apprise URL, SMS auth token) does not decrypt with the configured
-    keys; outbox.W011, lists hold SMS targets but the sms channel has no complete
+    secret (webhook secret, Teams or Apprise URL, SMS auth token) does not decrypt with the
+    configured keys; outbox.W011, lists hold SMS targets but the sms channel has no complete
     configuration, so every SMS notification would park. Returns what was found."""
     from notifications.channel_targets import channel_configuration_problems
-    from notifications.models import AppriseTarget, ChannelConfiguration, SmsTarget, WebhookTarget
+    from notifications.models import AppriseTarget, ChannelConfiguration, SmsTarget, TeamsTarget, WebhookTarget
 
     found: list[CheckMessage] = []
     try:
-        for model, field in ((WebhookTarget, "secret"), (AppriseTarget, "url"), (ChannelConfiguration, "auth_token")):
+        for model, field in (
+            (WebhookTarget, "secret"),
+            (TeamsTarget, "url"),
+            (AppriseTarget, "url"),
+            (ChannelConfiguration, "auth_token"),
+        ):
             list(model.objects.values_list(field, flat=True))
     except SecretDecryptionError as exc:
         found.append(Error(str(exc), id="outbox.E011"))

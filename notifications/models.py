@@ -15,6 +15,7 @@ from notifications.adapters.base import FailureClass
 from notifications.backoff import STRATEGIES
 from notifications.db import NullsFirstIndex, instance_loaded
 from notifications.fields import EncryptedTextField
+from notifications.secret_binding import secrets_bind_changed, teams_url_digest
 
 
 class NotificationStatus(models.TextChoices):
@@ -297,7 +298,29 @@ class EmailRecipient(models.Model):
         return self.email
 
 
-class SmtpConfiguration(models.Model):
+class BoundSecrets:
+    """For models holding credentials bound to a destination (notifications.secret_binding):
+    a save that stores a credential anew binds it to the destination it is saved with; one
+    that changes only the destination leaves the binding, and the credential is then not sent."""
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if "update_fields" in kwargs and kwargs["update_fields"] is not None:
+            kwargs["update_fields"] = secrets_bind_changed(instance=self, update_fields=kwargs["update_fields"])
+        else:
+            secrets_bind_changed(instance=self, update_fields=None)
+        super().save(*args, **kwargs)  # type: ignore[misc]
+
+
+def _binding(secret: str) -> models.CharField:
+    return models.CharField(
+        max_length=64,
+        blank=True,
+        editable=False,
+        help_text=f"Digest of the destination the {secret} was entered for (notifications.secret_binding).",
+    )
+
+
+class SmtpConfiguration(BoundSecrets, models.Model):
     """The single SMTP server email is delivered through; also holds email's retry timing for
     installations without an email delivery policy."""
 
@@ -313,6 +336,7 @@ class SmtpConfiguration(models.Model):
     security = models.CharField(max_length=16, choices=Security.choices, default=Security.STARTTLS)
     username = models.CharField(max_length=255, blank=True)
     password = EncryptedTextField(blank=True, help_text="Stored encrypted; never exported or shown.")
+    password_binding = _binding("password")
     from_address = models.EmailField()
     timeout_seconds = models.PositiveIntegerField(default=10)
     data_timeout_seconds = models.PositiveIntegerField(
@@ -355,6 +379,7 @@ class SmtpConfiguration(models.Model):
     oauth_client_secret = EncryptedTextField(
         "OAuth client secret", blank=True, help_text="Stored encrypted; never exported or shown."
     )
+    oauth_client_secret_binding = _binding("OAuth client secret")
     oauth_client_certificate = models.CharField(
         "OAuth client certificate",
         max_length=500,
@@ -362,6 +387,7 @@ class SmtpConfiguration(models.Model):
         help_text="Instead of a client secret: path of a PEM file with the app registration's certificate and its "
         "(unencrypted, RSA) private key.",
     )
+    oauth_client_certificate_binding = _binding("OAuth client certificate path")
     oauth_authority = models.CharField(
         "OAuth authority",
         max_length=255,
@@ -525,16 +551,19 @@ class DispatchTimer(models.Model):
 
 class TeamsTarget(models.Model):
     """A Microsoft Teams Workflows webhook URL a list posts Adaptive Cards to. The URL's query
-    carries the workflow's signature, so the console shows it masked."""
+    carries the workflow's signature (the URL is the credential), so it is encrypted at rest,
+    never exported, and shown masked. Encryption makes every stored form different, so a list
+    holds a URL at most once by its digest (``url_digest``)."""
 
     notification_list = models.ForeignKey(NotificationList, on_delete=models.CASCADE, related_name="teams_targets")
-    url = models.URLField("Workflows URL", max_length=2000)
+    url = EncryptedTextField("Workflows URL", help_text="Stored encrypted; shown masked.")
+    url_digest = models.CharField(max_length=64, editable=False)
 
     class Meta:
         verbose_name = "Teams target"
         ordering = ["pk"]
         constraints = [
-            models.UniqueConstraint(fields=["notification_list", "url"], name="teams_target_unique_per_list")
+            models.UniqueConstraint(fields=["notification_list", "url_digest"], name="teams_target_unique_per_list")
         ]
 
     def __str__(self) -> str:
@@ -542,14 +571,22 @@ class TeamsTarget(models.Model):
 
         return url_masked(self.url)
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.url_digest = teams_url_digest(self.url)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and "url" in update_fields and "url_digest" not in update_fields:
+            kwargs["update_fields"] = [*update_fields, "url_digest"]
+        super().save(*args, **kwargs)
 
-class WebhookTarget(models.Model):
+
+class WebhookTarget(BoundSecrets, models.Model):
     """An HTTP endpoint a list posts signed JSON to (Standard Webhooks); the signing secret is
     encrypted at rest and never exported."""
 
     notification_list = models.ForeignKey(NotificationList, on_delete=models.CASCADE, related_name="webhook_targets")
     url = models.URLField("URL", max_length=2000)
     secret = EncryptedTextField(help_text='The signing secret, "whsec_" + base64. Stored encrypted; never shown.')
+    secret_binding = _binding("signing secret")
 
     class Meta:
         verbose_name = "webhook target"
@@ -604,7 +641,7 @@ class AppriseTarget(models.Model):
         super().save(*args, **kwargs)
 
 
-class ChannelConfiguration(models.Model):
+class ChannelConfiguration(BoundSecrets, models.Model):
     """Per-channel delivery settings for the channels beyond email: one row per channel.
 
     SMS needs one (the provider account); Teams, webhooks and Apprise work without one, with
@@ -630,6 +667,7 @@ class ChannelConfiguration(models.Model):
     provider = models.CharField(max_length=16, choices=Provider.choices, blank=True)
     account_sid = models.CharField(max_length=64, blank=True)
     auth_token = EncryptedTextField(blank=True, help_text="Stored encrypted; never exported or shown.")
+    auth_token_binding = _binding("auth token")
     from_number = models.CharField("from number (E.164)", max_length=16, blank=True)
     api_base = models.URLField(
         "API base URL",

@@ -66,6 +66,7 @@ from notifications.email_address import AddressNotSendable, address_ascii_domain
 from notifications.email_content import EmailContent, email_content_read
 from notifications.list_names import notification_lists_by_name, text_control_problem
 from notifications.models import EmailRecipient, Notification, RecipientMode, SmtpConfiguration
+from notifications.secret_binding import secret_binding_problem
 
 TEST_SUBJECT = "Outbox SMTP test"
 TEST_BODY = "This is a test message from the Outbox administration console."
@@ -126,6 +127,18 @@ class EmailAdapter(Adapter):
         return EmailSession(config)
 
 
+def smtp_credential_problem(config: SmtpConfiguration) -> str | None:
+    """Why the credential ``config`` would log in with must not go where ``config`` points now
+    (notifications.secret_binding), or None. XOAUTH2 uses the certificate when there is one."""
+    if not config.username:
+        return None
+    if config.auth_method == SmtpConfiguration.AuthMethod.XOAUTH2:
+        credential = "oauth_client_certificate" if config.oauth_client_certificate else "oauth_client_secret"
+    else:
+        credential = "password"
+    return secret_binding_problem(instance=config, secret=credential)
+
+
 def smtp_endpoint(*, host: str, port: int) -> str:
     """The circuit breaker's key for an SMTP relay."""
     return f"{host}:{port}"
@@ -140,6 +153,12 @@ class EmailSession(Session):
     """Delivers a batch through one SMTP server, reusing connections across it."""
 
     def __init__(self, config: SmtpConfiguration) -> None:
+        problem = smtp_credential_problem(config)
+        if problem:
+            # Fail closed: never log in to a server the credential was not entered for.
+            raise DeliveryError(
+                f"SMTP configuration: {problem}", failure_class=FailureClass.CONFIGURATION, detail={"stage": "AUTH"}
+            )
         # A snapshot, so that the worker threads never touch the database.
         self.host = config.host
         self.port = config.port

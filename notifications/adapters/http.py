@@ -190,14 +190,10 @@ class TargetsSession(Session):
             ):
                 snapshot.append(before)  # already done: never sent twice
                 continue
-            if target.undecryptable:
-                # Permanent until an administrator restores the old key or re-enters the secret.
-                outcome = TargetOutcome(
-                    "refused",
-                    "Its stored secret cannot be decrypted with the configured keys (OUTBOX_SECRET_KEYS / "
-                    "SECRET_KEY changed?): restore the old key as a second OUTBOX_SECRET_KEYS entry or re-enter it.",
-                    FailureClass.CONFIGURATION,
-                )
+            if target.refusal:
+                # Permanent until an administrator restores the old key or re-enters the secret
+                # (one that does not decrypt, or that was entered for another URL).
+                outcome = TargetOutcome("refused", target.refusal, FailureClass.CONFIGURATION)
             elif time.monotonic() > deadline:
                 outcome = TargetOutcome(
                     "deferred", "Not attempted: this attempt ran out of time on earlier targets.", FailureClass.TIMEOUT

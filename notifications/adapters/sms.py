@@ -21,6 +21,7 @@ from notifications.adapters.base import DeliveryError, DeliveryResult, FailureCl
 from notifications.adapters.http import TargetOutcome, TargetsAdapter, TargetsSession, http_exception, http_failure
 from notifications.channel_targets import Target
 from notifications.models import ChannelConfiguration, Notification
+from notifications.secret_binding import secret_binding_problem
 from notifications.secrets import SecretDecryptionError
 
 # The GSM 03.38 alphabet: a text only of these is sent 7-bit (160 characters a segment);
@@ -132,6 +133,11 @@ class SmsAdapter(TargetsAdapter):
             raise DeliveryError(
                 f"The sms channel's auth token: {exc}", failure_class=FailureClass.CONFIGURATION
             ) from None
+        problem = config and secret_binding_problem(instance=config, secret="auth_token")
+        if problem:
+            # Fail closed: the token was entered for another API base URL or account, which
+            # was changed behind the console's back; it goes nowhere until entered again.
+            raise DeliveryError(f"The sms channel: {problem}", failure_class=FailureClass.CONFIGURATION)
         return SmsSession(config=config)
 
 

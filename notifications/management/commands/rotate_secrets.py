@@ -3,22 +3,23 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from notifications.models import AppriseTarget, ChannelConfiguration, SmtpConfiguration, WebhookTarget
+from notifications.models import AppriseTarget, ChannelConfiguration, SmtpConfiguration, TeamsTarget, WebhookTarget
 from notifications.secrets import SecretDecryptionError
 
 # Every model with encrypted columns, and those columns.
 ENCRYPTED = (
-    (SmtpConfiguration, ["password"], "SMTP configuration"),
+    (SmtpConfiguration, ["password", "oauth_client_secret"], "SMTP configuration"),
     (ChannelConfiguration, ["auth_token"], "channel configuration"),
     (WebhookTarget, ["secret"], "webhook target"),
+    (TeamsTarget, ["url"], "Teams target"),
     (AppriseTarget, ["url"], "Apprise target"),
 )
 
 
 class Command(BaseCommand):
     help = (
-        "Re-encrypt stored secrets (the SMTP password, the SMS auth token, webhook signing secrets, "
-        "Apprise URLs) with the first key of OUTBOX_SECRET_KEYS."
+        "Re-encrypt stored secrets (the SMTP password and OAuth client secret, the SMS auth token, webhook "
+        "signing secrets, Teams and Apprise URLs) with the first key of OUTBOX_SECRET_KEYS."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
