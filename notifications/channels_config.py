@@ -5,9 +5,11 @@ of each channel key the entry has (a key left out keeps that channel's targets);
 no secret.
 
 Secrets on import: a webhook given without ``secret`` keeps the secret stored for the same URL
-in that list, and ``channels.sms`` without ``auth_token`` keeps the stored token — so an
-exported file imports again unchanged. Apprise URLs are not exported at all (they hold the
-services' credentials); a file without ``apprise`` keeps a list's Apprise targets.
+in that list, and ``channels.sms`` without ``auth_token`` keeps the stored token as long as
+``api_base`` and ``account_sid`` stay as they are (notifications.secret_binding) — so an
+exported file imports again unchanged. Teams and Apprise URLs are not exported at all (the URL
+is the credential); a file without ``teams`` or ``apprise`` keeps a list's targets of that
+channel. Every secret may be given as ``{"env": "NAME"}`` (notifications.config_secrets).
 """
 
 from typing import Any
@@ -17,8 +19,10 @@ from notifications.channel_targets import (
     channel_configuration_problems,
     http_url_problem,
     phone_number_problem,
+    url_masked,
     webhook_secret_problem,
 )
+from notifications.config_secrets import config_secret_resolve
 from notifications.models import (
     AppriseTarget,
     ChannelConfiguration,
@@ -27,8 +31,11 @@ from notifications.models import (
     TeamsTarget,
     WebhookTarget,
 )
+from notifications.secret_binding import secret_bind, secret_kept_problem
 
 TARGET_KEYS = ("teams", "webhooks", "sms", "apprise")
+# Target keys whose entries are secrets (the URL is the credential): never echoed, never exported.
+SECRET_TARGET_KEYS = ("teams", "apprise")
 CHANNEL_FIELDS: dict[str, dict[str, type]] = {
     "teams": {"timeout_seconds": int},
     "webhook": {"timeout_seconds": int},
@@ -54,8 +61,13 @@ class ChannelsImportError(Exception):
 
 
 def validate_list_targets(entry: dict[str, Any], where: str, problems: list[str]) -> None:
-    """Problems of one list entry's channel targets."""
-    for key, check in (("teams", http_url_problem), ("sms", phone_number_problem), ("apprise", apprise_url_problem)):
+    """Problems of one list entry's channel targets. Resolves the entry's secrets given as
+    ``{"env": "NAME"}`` in place."""
+    for key, check in (
+        ("teams", lambda url: http_url_problem(url, what="The Workflows URL", echo=False)),
+        ("sms", phone_number_problem),
+        ("apprise", apprise_url_problem),
+    ):
         if key not in entry:
             continue
         values = entry[key]
@@ -64,12 +76,16 @@ def validate_list_targets(entry: dict[str, Any], where: str, problems: list[str]
             continue
         seen: set[str] = set()
         for position, value in enumerate(values):
+            at = f"{where}.{key}[{position}]"
+            if key in SECRET_TARGET_KEYS:
+                if not config_secret_resolve(values, position, where=at, problems=problems):
+                    continue
+                value = values[position]
             problem = check(value)
-            shown = "(an Apprise URL)" if key == "apprise" else repr(value)[:80]
             if problem:
-                problems.append(f"{where}.{key}[{position}]: {problem}")
+                problems.append(f"{at}: {problem}")
             elif value in seen:
-                problems.append(f"{where}.{key}[{position}]: {shown} is listed twice.")
+                problems.append(f"{at}: {_shown(key, value)} is listed twice.")
             if isinstance(value, str):
                 seen.add(value)
     if "webhooks" in entry:
@@ -92,10 +108,22 @@ def validate_list_targets(entry: dict[str, Any], where: str, problems: list[str]
                 problems.append(f"{at}.url: {hook['url'][:80]!r} is listed twice.")
             else:
                 urls.add(hook["url"])
-            if "secret" in hook and hook["secret"] not in ("", None):
+            resolved = "secret" in hook and config_secret_resolve(
+                hook, "secret", where=f"{at}.secret", problems=problems
+            )
+            if resolved and hook["secret"] not in ("", None):
                 problem = webhook_secret_problem(hook["secret"])
                 if problem:
                     problems.append(f"{at}.secret: {problem}")
+
+
+def _shown(key: str, value: Any) -> str:
+    """A target as problems may quote it: a Teams URL masked, an Apprise URL not at all."""
+    if key == "apprise":
+        return "(an Apprise URL)"
+    if key == "teams":
+        return url_masked(value)
+    return repr(value)[:80]
 
 
 def validate_channels(channels: Any, problems: list[str]) -> None:
@@ -113,6 +141,11 @@ def validate_channels(channels: Any, problems: list[str]) -> None:
         fields = CHANNEL_FIELDS[channel]
         for name in sorted(set(values) - set(fields)):
             problems.append(f"channels.{channel}.{name}: unknown field.")
+        # False: a reference to the environment did not resolve (reported; the token is not checked further).
+        token_resolved = channel != "sms" or "auth_token" not in values
+        token_resolved = token_resolved or config_secret_resolve(
+            values, "auth_token", where="channels.sms.auth_token", problems=problems
+        )
         typed_ok = True
         for name, kind in fields.items():
             if name in values and (not isinstance(values[name], kind) or isinstance(values[name], bool)):
@@ -124,6 +157,10 @@ def validate_channels(channels: Any, problems: list[str]) -> None:
             problems.append(f"channels.{channel}.max_segments: must be between 1 and 10.")
         if channel == "sms" and typed_ok:
             stored = ChannelConfiguration.objects.filter(channel="sms").first()
+            if not values.get("auth_token") and token_resolved:
+                problem = secret_kept_problem(stored=stored, secret="auth_token", changes=values)
+                if problem:
+                    problems.append(f"channels.sms.auth_token: {problem}")
             merged = {
                 "channel": "sms",
                 "api_base": ChannelConfiguration.TWILIO_API_BASE,
@@ -131,7 +168,8 @@ def validate_channels(channels: Any, problems: list[str]) -> None:
                 **{key: value for key, value in values.items() if value != "" or key != "auth_token"},
             }
             for name, problem in channel_configuration_problems(merged).items():
-                problems.append(f"channels.sms.{name}: {problem}")
+                if name != "auth_token" or token_resolved:
+                    problems.append(f"channels.sms.{name}: {problem}")
 
 
 def channels_import(channels: dict[str, Any]) -> list[str]:
@@ -141,8 +179,10 @@ def channels_import(channels: dict[str, Any]) -> list[str]:
         config = ChannelConfiguration.objects.filter(channel=channel).first() or ChannelConfiguration(channel=channel)
         for name, value in values.items():
             if name == "auth_token" and not value:
-                continue  # left out by export: keep the stored token
+                continue  # left out by export: keep the stored token (validation checked it may be kept)
             setattr(config, name, value)
+        if values.get("auth_token"):
+            secret_bind(instance=config, secret="auth_token")
         config.save()
         written.append(channel)
     return written
@@ -162,20 +202,35 @@ def list_targets_import(*, notification_list: NotificationList, entry: dict[str,
     """Replace the list's targets of every channel key ``entry`` has."""
     if "teams" in entry:
         notification_list.teams_targets.all().delete()
-        TeamsTarget.objects.bulk_create(
-            TeamsTarget(notification_list=notification_list, url=url) for url in entry["teams"]
-        )
+        for url in entry["teams"]:
+            # One by one: save() encrypts the URL and computes its digest.
+            TeamsTarget.objects.create(notification_list=notification_list, url=url)
     if "webhooks" in entry:
-        kept = {hook.url: hook.secret for hook in notification_list.webhook_targets.all()}
-        missing = [hook["url"] for hook in entry["webhooks"] if not hook.get("secret") and not kept.get(hook["url"])]
-        if missing:
-            raise ChannelsImportError(
-                [f"{where}.webhooks: {url[:80]!r} has no secret in the file and none is stored." for url in missing]
-            )
+        stored = list(notification_list.webhook_targets.all())
+        kept: dict[str, str] = {}
+        problems = []
+        for position, hook in enumerate(entry["webhooks"]):
+            if hook.get("secret"):
+                continue
+            # A stored target is matched by its URL; the helper says whether its secret may stay.
+            same = next((target for target in stored if target.url == hook["url"]), None)
+            at = f"{where}.webhooks[{position}].secret"
+            if same is None or not same.secret:
+                problems.append(
+                    f"{at}: {hook['url'][:80]!r} has no secret in the file and none is stored for that URL (a stored "
+                    "signing secret is only ever sent to the URL it was entered for)."
+                )
+                continue
+            problem = secret_kept_problem(stored=same, secret="secret", changes={"url": hook["url"]})
+            if problem:
+                problems.append(f"{at}: {problem}")
+            else:
+                kept[hook["url"]] = same.secret
+        if problems:
+            raise ChannelsImportError(problems)
         notification_list.webhook_targets.all().delete()
         for hook in entry["webhooks"]:
-            # One by one: the secret is encrypted on save (bulk_create would encrypt too, but
-            # keeping the one path is simpler to trust).
+            # One by one: save() encrypts the secret and binds it to the URL.
             WebhookTarget.objects.create(
                 notification_list=notification_list, url=hook["url"], secret=hook.get("secret") or kept[hook["url"]]
             )
@@ -191,14 +246,11 @@ def list_targets_import(*, notification_list: NotificationList, entry: dict[str,
 
 
 def list_targets_export(notification_list: NotificationList) -> dict[str, Any]:
-    """The list's targets in the file's shape, without secrets (no Apprise URLs, no webhook
-    secrets); channels without targets are left out."""
+    """The list's targets in the file's shape, without secrets (no Teams or Apprise URLs, no
+    webhook secrets); channels without targets are left out."""
     exported: dict[str, Any] = {}
-    teams = [target.url for target in notification_list.teams_targets.all()]
     hooks = [{"url": target.url} for target in notification_list.webhook_targets.all()]
     sms = [target.phone_number for target in notification_list.sms_targets.all()]
-    if teams:
-        exported["teams"] = teams
     if hooks:
         exported["webhooks"] = hooks
     if sms:

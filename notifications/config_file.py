@@ -5,10 +5,16 @@ Import upserts by natural key (list name case-insensitively, site_id), replaces 
 recipients with the file's (per channel: a channel key the entry leaves out keeps that
 channel's targets), and leaves entries the file does not mention alone. The whole
 file is validated before anything is written, and written in one transaction, so a bad
-file changes nothing. Export never writes secrets (the SMTP password, the SMS auth token and
-webhook signing secrets are left out, and so are Apprise URLs, which hold credentials).
+file changes nothing. Export never writes secrets (the SMTP password, the OAuth client secret,
+the SMS auth token and webhook signing secrets are left out, and so are Teams and Apprise
+URLs, which are credentials themselves).
+
+Every secret may be given as ``{"env": "NAME"}`` (notifications.config_secrets), and a stored
+secret is kept only for the destination it was entered for (notifications.secret_binding): a
+file that moves a destination without the secret is refused.
 """
 
+import copy
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -26,15 +32,13 @@ from notifications.channels_config import (
     validate_channels,
     validate_list_targets,
 )
+from notifications.config_secrets import config_secret_resolve
 from notifications.email_address import email_address_problem
 from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, notification_lists_by_name
 from notifications.models import EmailRecipient, NotificationList, SmtpConfiguration
-from notifications.operations import (
-    smtp_oauth_secret_kept_problem,
-    smtp_password_kept_problem,
-    smtp_setting_problem,
-)
+from notifications.operations import smtp_setting_problem
 from notifications.policies import delivery_policies_all, delivery_policy_store, delivery_policy_validate
+from notifications.secret_binding import secret_bind, secret_kept_problem
 from sites.models import Site
 
 SMTP_FIELDS = {
@@ -61,6 +65,9 @@ SMTP_FIELDS = {
 }
 # Secrets: imported when given (an absent or empty one keeps the stored one), never exported.
 SMTP_SECRETS = ("password", "oauth_client_secret")
+# Credentials bound to the destination (notifications.secret_binding): the secrets, and the
+# OAuth client certificate's path (not a secret, so exported; absent keeps the stored one).
+SMTP_CREDENTIALS = (*SMTP_SECRETS, "oauth_client_certificate")
 SMTP_REQUIRED = ("host", "from_address")
 LIST_FIELDS = {"name", "description", "recipient_mode", "email", *TARGET_KEYS}
 SITE_FIELDS = {"site_id", "name", "active"}
@@ -79,6 +86,9 @@ def _validate_smtp(smtp: Any, problems: list[str]) -> None:
     if not isinstance(smtp, dict):
         problems.append("smtp: must be an object.")
         return
+    for name in SMTP_SECRETS:
+        if name in smtp:
+            config_secret_resolve(smtp, name, where=f"smtp.{name}", problems=problems)
     for name in sorted(set(smtp) - set(SMTP_FIELDS)):
         problems.append(f"smtp.{name}: unknown field.")
     for name in SMTP_REQUIRED:
@@ -213,9 +223,16 @@ def _validate_sites(sites: Any, problems: list[str]) -> None:
 
 def configuration_validate(*, data: Any) -> list[str]:
     """Every problem in ``data`` (a parsed file), each naming its entry; empty when valid."""
+    return _resolved(data)[1]
+
+
+def _resolved(data: Any) -> tuple[Any, list[str]]:
+    """A copy of ``data`` with its ``{"env": "NAME"}`` secrets resolved, and every problem of
+    it (the secrets that do not resolve among them)."""
     problems: list[str] = []
     if not isinstance(data, dict):
-        return [f"The file must contain a JSON object with keys {', '.join(SECTIONS)}."]
+        return data, [f"The file must contain a JSON object with keys {', '.join(SECTIONS)}."]
+    data = copy.deepcopy(data)
     for key in sorted(set(data) - set(SECTIONS)):
         problems.append(f"{key}: unknown section (expected {', '.join(SECTIONS)}).")
     if "smtp" in data and data["smtp"] is not None:
@@ -228,6 +245,21 @@ def configuration_validate(*, data: Any) -> list[str]:
         _validate_lists(data["lists"], problems)
     if "sites" in data:
         _validate_sites(data["sites"], problems)
+    if isinstance(data.get("smtp"), dict):
+        problems += _smtp_kept_problems(data["smtp"])
+    return data, problems
+
+
+def _smtp_kept_problems(smtp: dict[str, Any]) -> list[str]:
+    """The stored SMTP credentials the file would keep (it leaves them out) for a destination
+    they were not entered for."""
+    stored = SmtpConfiguration.current()
+    problems = []
+    for name in SMTP_CREDENTIALS:
+        kept = not smtp.get(name) if name in SMTP_SECRETS else name not in smtp
+        problem = secret_kept_problem(stored=stored, secret=name, changes=smtp) if kept else None
+        if problem:
+            problems.append(f"smtp.{name}: {problem}")
     return problems
 
 
@@ -235,7 +267,7 @@ def configuration_validate(*, data: Any) -> list[str]:
 def configuration_import(*, data: Any) -> dict[str, Any]:
     """Apply a configuration file; returns a summary of what changed. Raises ConfigFileError
     (and changes nothing) when the file is invalid."""
-    problems = configuration_validate(data=data)
+    data, problems = _resolved(data)
     if problems:
         raise ConfigFileError(problems)
     summary: dict[str, Any] = {
@@ -252,14 +284,6 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
     smtp = data.get("smtp")
     if smtp:
         config = SmtpConfiguration.current() or SmtpConfiguration()
-        if not smtp.get("password"):
-            problem = smtp_password_kept_problem(stored=config, changes=smtp)
-            if problem:
-                raise ConfigFileError([f"smtp.password: {problem}"])
-        if not smtp.get("oauth_client_secret"):
-            problem = smtp_oauth_secret_kept_problem(stored=config, changes=smtp)
-            if problem:
-                raise ConfigFileError([f"smtp.oauth_client_secret: {problem}"])
         summary["smtp"] = "updated" if config.pk else "created"
         for name in SMTP_FIELDS:
             if name in SMTP_SECRETS:
@@ -268,6 +292,9 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
                     setattr(config, name, smtp[name])
             elif name in smtp:
                 setattr(config, name, smtp[name])
+        for name in SMTP_CREDENTIALS:
+            if smtp.get(name):
+                secret_bind(instance=config, secret=name)  # given in the file: entered for these values
         config.save()
 
     if data.get("channels"):
@@ -324,7 +351,7 @@ def configuration_export() -> dict[str, Any]:
     # Every channel's effective policy, stored or default: importing the file reproduces it.
     data["policies"] = {channel: policy.as_dict() for channel, policy in delivery_policies_all().items()}
     for notification_list in NotificationList.objects.prefetch_related(
-        "email_recipients", "teams_targets", "webhook_targets", "sms_targets"
+        "email_recipients", "webhook_targets", "sms_targets"
     ):
         data["lists"].append(
             {

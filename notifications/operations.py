@@ -136,45 +136,6 @@ def notification_retry_now(*, notification_ids: Iterable[Any], user: User) -> Ac
     )
 
 
-# The stored password is only ever sent to the server it was entered for.
-SMTP_DESTINATION_FIELDS = ("host", "port", "security")
-
-
-def smtp_password_kept_problem(*, stored: SmtpConfiguration | None, changes: dict[str, Any]) -> str | None:
-    """Why the stored SMTP password may not be kept with ``changes`` (new values by field
-    name), or None. It may not when a password is stored and the changes move it to another
-    server (host, port or security): whoever changes the destination must know the password,
-    or the next connection (a test email, say) would hand it to a server of their choosing."""
-    if stored is None or stored.pk is None or not stored.password:
-        return None
-    moved = [name for name in SMTP_DESTINATION_FIELDS if name in changes and changes[name] != getattr(stored, name)]
-    if not moved:
-        return None
-    return (
-        f"Re-enter the password (or remove it): the {', '.join(moved)} changed, and the stored password is only "
-        "ever sent to the server it was entered for."
-    )
-
-
-def smtp_oauth_secret_kept_problem(*, stored: SmtpConfiguration | None, changes: dict[str, Any]) -> str | None:
-    """Why the stored OAuth client secret may not be kept with ``changes``, or None: as with
-    the password, a changed token endpoint (``oauth_authority``) or tenant needs the secret
-    entered again, so that nobody can redirect the stored secret to a server of their choosing."""
-    if stored is None or stored.pk is None or not stored.oauth_client_secret:
-        return None
-    moved = [
-        name
-        for name in ("oauth_authority", "oauth_tenant_id")
-        if name in changes and changes[name] != getattr(stored, name)
-    ]
-    if not moved:
-        return None
-    return (
-        f"Re-enter the OAuth client secret (or remove it): the {', '.join(moved)} changed, and the stored secret is "
-        "only ever sent to the token endpoint it was entered for."
-    )
-
-
 _HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 

@@ -1,7 +1,10 @@
 """List targets of the channels beyond email (inlines on a notification list) and the
 per-channel configuration. Every field is checked by notifications.channel_targets, the same
-checks the configuration file and delivery use. Secrets (webhook signing secrets, Apprise URLs,
-the SMS auth token) are write-only: stored encrypted, shown masked or not at all."""
+checks the configuration file and delivery use. Secrets (webhook signing secrets, Teams and
+Apprise URLs, the SMS auth token) are write-only: stored encrypted, shown masked or not at all.
+A secret kept (left blank) is only ever kept for the destination it was entered for
+(notifications.secret_binding): a webhook's new URL or the SMS channel's new API base URL or
+account needs the secret typed again."""
 
 from typing import Any
 
@@ -17,6 +20,7 @@ from notifications.channel_targets import (
     webhook_secret_problem,
 )
 from notifications.models import AppriseTarget, ChannelConfiguration, SmsTarget, TeamsTarget, WebhookTarget
+from notifications.secret_binding import secret_bind, secret_kept_problem, teams_url_digest
 
 
 def _field_check(form: forms.ModelForm, name: str, problem: str | None) -> None:
@@ -66,12 +70,30 @@ class TeamsTargetForm(WriteOnlyUrlForm):
         fields = ("url",)
 
     def url_problem(self, url: str) -> str | None:
-        return http_url_problem(url, what="The Workflows URL")
+        return http_url_problem(url, what="The Workflows URL", echo=False)
+
+
+class TeamsTargetFormSet(forms.BaseInlineFormSet):
+    """A list holds a Workflows URL at most once. The database keeps that by the URL's digest
+    (the stored URLs are encrypted), a column the form does not have: checked here, so that a
+    duplicate is a field error rather than a database error."""
+
+    def clean(self) -> None:
+        super().clean()
+        seen: set[str] = set()
+        for form in self.forms:
+            if not hasattr(form, "cleaned_data") or form.cleaned_data.get("DELETE") or not form.cleaned_data.get("url"):
+                continue
+            digest = teams_url_digest(form.cleaned_data["url"])
+            if digest in seen:
+                form.add_error("url", "This Workflows URL is already a target of this list.")
+            seen.add(digest)
 
 
 class TeamsTargetInline(admin.TabularInline):
     model = TeamsTarget
     form = TeamsTargetForm
+    formset = TeamsTargetFormSet
     extra = 0
     fields = ("masked", "url")
     readonly_fields = ("masked",)
@@ -98,6 +120,7 @@ class WebhookTargetForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.initial["secret"] = ""
+        self.entered = False  # a secret was typed into the form (bound to the URL on save)
 
     def clean_url(self) -> str:
         url = self.cleaned_data["url"].strip()
@@ -108,15 +131,36 @@ class WebhookTargetForm(forms.ModelForm):
 
     def clean_secret(self) -> str:
         secret = self.cleaned_data.get("secret") or ""
-        if not secret:
-            stored = WebhookTarget.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
-            if stored is None or not stored.secret:
-                raise forms.ValidationError("A signing secret is required for a new webhook target.")
-            return stored.secret
-        problem = webhook_secret_problem(secret)
-        if problem:
-            raise forms.ValidationError(problem)
+        if secret:
+            problem = webhook_secret_problem(secret)
+            if problem:
+                raise forms.ValidationError(problem)
         return secret
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        self.entered = bool(cleaned.get("secret"))
+        if self.entered or "secret" in self.errors:
+            return cleaned
+        stored = WebhookTarget.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+        if stored is None or not stored.secret:
+            self.add_error("secret", "A signing secret is required for a new webhook target.")
+            return cleaned
+        problem = secret_kept_problem(stored=stored, secret="secret", changes=cleaned)
+        if problem:
+            self.add_error("secret", problem)
+        cleaned["secret"] = stored.secret
+        return cleaned
+
+    def save(self, commit: bool = True) -> WebhookTarget:
+        """The target, its secret bound to its URL when the secret was typed into the form."""
+        target: WebhookTarget = super().save(commit=False)
+        if self.entered:
+            secret_bind(instance=target, secret="secret")
+        if commit:
+            target.save()
+            self.save_m2m()
+        return target
 
 
 class WebhookTargetInline(admin.TabularInline):
@@ -205,17 +249,33 @@ class ChannelConfigurationForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.initial["auth_token"] = ""
+        self.entered = False  # a token was typed into the form (bound on save)
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        if not cleaned.get("auth_token") and self.instance.pk:
+        self.entered = bool(cleaned.get("auth_token"))
+        if not self.entered and self.instance.pk:
             stored = ChannelConfiguration.objects.filter(pk=self.instance.pk).first()
+            problem = secret_kept_problem(stored=stored, secret="auth_token", changes=cleaned)
+            if problem:
+                self.add_error("auth_token", problem)
             cleaned["auth_token"] = stored.auth_token if stored is not None else ""
         problems = channel_configuration_problems(cleaned)
         for name, problem in problems.items():
-            if name in self.fields:
+            if name in self.fields and name not in self.errors:
                 self.add_error(name, problem)
         return cleaned
+
+    def save(self, commit: bool = True) -> ChannelConfiguration:
+        """The configuration, its auth token bound to the API base URL and account when the token
+        was typed into the form."""
+        config: ChannelConfiguration = super().save(commit=False)
+        if self.entered:
+            secret_bind(instance=config, secret="auth_token")
+        if commit:
+            config.save()
+            self.save_m2m()
+        return config
 
 
 @admin.register(ChannelConfiguration)

@@ -23,10 +23,9 @@ from notifications.operations import (
     SmtpTestResult,
     smtp_configuration_connect_test,
     smtp_configuration_send_test,
-    smtp_oauth_secret_kept_problem,
-    smtp_password_kept_problem,
     smtp_setting_problem,
 )
+from notifications.secret_binding import secret_bind, secret_kept_problem
 
 PLAINTEXT_AUTH_WARNING = (
     "The SMTP configuration sends a username and password with security=none: they cross the network "
@@ -42,6 +41,13 @@ FIELD_BOUNDS = {
         "The port must be a number from 1 to 65535 (usually 587 for STARTTLS, 465 for implicit TLS, 25 for plain SMTP).",
     ),
     "timeout_seconds": (1, None, "The timeout must be at least 1 second."),
+}
+# The write-only credentials (blank keeps the stored one) and their "remove" boxes. Each is bound
+# to the destination it was entered for (notifications.secret_binding).
+CREDENTIALS = {
+    "password": "clear_password",
+    "oauth_client_secret": "clear_oauth_client_secret",
+    "oauth_client_certificate": "clear_oauth_client_certificate",
 }
 TEST_CONNECT = "_smtp_test_connect"
 TEST_SEND = "_smtp_test_send"
@@ -64,6 +70,18 @@ class SmtpConfigurationForm(forms.ModelForm):
         help_text="Write-only: the stored secret is never shown. Leave blank to keep it.",
     )
     clear_oauth_client_secret = forms.BooleanField(required=False, label="Remove the stored OAuth client secret")
+    oauth_client_certificate = forms.CharField(
+        label="OAuth client certificate",
+        required=False,
+        max_length=500,
+        widget=forms.TextInput(attrs={"size": 60, "autocomplete": "off"}),
+        help_text="Instead of a client secret: absolute path of a PEM file with the app registration's certificate "
+        "and its (unencrypted, RSA) private key. Write-only like the secret (the access token it obtains goes to "
+        "the server): leave blank to keep the stored path.",
+    )
+    clear_oauth_client_certificate = forms.BooleanField(
+        required=False, label="Remove the stored OAuth client certificate path"
+    )
 
     class Meta:
         model = SmtpConfiguration
@@ -92,14 +110,18 @@ class SmtpConfigurationForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.initial["password"] = ""
-        stored = "A password is stored." if self.instance.pk and self.instance.password else "No password is stored."
-        self.fields["password"].help_text = f"{stored} {self.fields['password'].help_text}"
-        self.initial["oauth_client_secret"] = ""
+        self.entered: list[str] = []  # the credentials typed into this form (bound on save)
         self.fields["auth_method"].required = False  # absent: password, as before the field existed
-        has_secret = self.instance.pk and self.instance.oauth_client_secret
-        stored = "A client secret is stored." if has_secret else "No client secret is stored."
-        self.fields["oauth_client_secret"].help_text = f"{stored} {self.fields['oauth_client_secret'].help_text}"
+        stored_config = self.instance if self.instance.pk else None
+        for name, what in (
+            ("password", "password"),
+            ("oauth_client_secret", "client secret"),
+            ("oauth_client_certificate", "client certificate path"),
+        ):
+            self.initial[name] = ""
+            has = stored_config is not None and getattr(stored_config, name)
+            stored = f"A {what} is stored." if has else f"No {what} is stored."
+            self.fields[name].help_text = f"{stored} {self.fields[name].help_text}"
         for name, (low, high, message) in FIELD_BOUNDS.items():
             field = self.fields.get(name)
             if field is not None:
@@ -139,23 +161,19 @@ class SmtpConfigurationForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        if cleaned.get("clear_password"):
-            cleaned["password"] = ""
-        elif not cleaned.get("password"):
-            stored = SmtpConfiguration.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
-            problem = smtp_password_kept_problem(stored=stored, changes=cleaned)
-            if problem:
-                self.add_error("password", problem)
-            cleaned["password"] = stored.password if stored is not None else ""
         cleaned["auth_method"] = cleaned.get("auth_method") or SmtpConfiguration.AuthMethod.PASSWORD
-        if cleaned.get("clear_oauth_client_secret"):
-            cleaned["oauth_client_secret"] = ""
-        elif not cleaned.get("oauth_client_secret"):
-            stored = SmtpConfiguration.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
-            problem = smtp_oauth_secret_kept_problem(stored=stored, changes=cleaned)
-            if problem:
-                self.add_error("oauth_client_secret", problem)
-            cleaned["oauth_client_secret"] = stored.oauth_client_secret if stored is not None else ""
+        stored = SmtpConfiguration.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+        self.entered = []
+        for name, clear in CREDENTIALS.items():
+            if cleaned.get(clear):
+                cleaned[name] = ""
+            elif cleaned.get(name):
+                self.entered.append(name)
+            elif name not in self.errors:
+                problem = secret_kept_problem(stored=stored, secret=name, changes=cleaned)
+                if problem:
+                    self.add_error(name, problem)
+                cleaned[name] = getattr(stored, name) if stored is not None else ""
         if cleaned.get("auth_method") == SmtpConfiguration.AuthMethod.XOAUTH2:
             for name in ("username", "oauth_tenant_id", "oauth_client_id"):
                 if not cleaned.get(name) and name not in self.errors:
@@ -170,6 +188,17 @@ class SmtpConfigurationForm(forms.ModelForm):
         if cleaned.get("client_key") and not cleaned.get("client_cert") and "client_key" not in self.errors:
             self.add_error("client_key", "A client key needs its client certificate.")
         return cleaned
+
+    def save(self, commit: bool = True) -> SmtpConfiguration:
+        """The configuration with the form's values, each credential typed into the form bound to
+        the destination it is saved (or tested) with."""
+        config: SmtpConfiguration = super().save(commit=False)
+        for name in self.entered:
+            secret_bind(instance=config, secret=name)
+        if commit:
+            config.save()
+            self.save_m2m()
+        return config
 
 
 def _bound(field: forms.Field, low: int, high: int | None, message: str) -> None:
@@ -228,6 +257,7 @@ class SmtpConfigurationAdmin(admin.ModelAdmin):
                     "oauth_client_secret",
                     "clear_oauth_client_secret",
                     "oauth_client_certificate",
+                    "clear_oauth_client_certificate",
                     "oauth_authority",
                 )
             },
