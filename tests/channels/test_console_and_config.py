@@ -199,18 +199,19 @@ def test_the_file_imports_targets_and_channels_and_exports_them_without_secrets(
     exported = configuration_export()
     text = json.dumps(exported)
     assert "tok-1" not in text and "whsec_" not in text and "apprise-password" not in text
+    assert "S3CR3T" not in text and "logic.azure.com" not in text  # a Teams URL is a credential
     (entry,) = exported["lists"]
-    assert entry["teams"] == [TEAMS_URL]
     assert entry["webhooks"] == [{"url": "https://hooks.example.com/outbox"}]
     assert entry["sms"] == ["+4930123456"]
-    assert "apprise" not in entry
+    assert "apprise" not in entry and "teams" not in entry
     assert "auth_token" not in exported["channels"]["sms"]
 
-    # Importing the export again keeps every secret.
+    # Importing the export again keeps every secret and every target.
     configuration_import(data=exported)
     assert ChannelConfiguration.objects.get(channel="sms").auth_token == "tok-1"
     assert WebhookTarget.objects.get().secret == "whsec_" + "QUJD" * 11
     assert AppriseTarget.objects.get().url == APPRISE_URL
+    assert TeamsTarget.objects.get().url == TEAMS_URL
 
 
 def test_a_channel_key_replaces_that_channels_targets_and_a_missing_key_keeps_them(db):

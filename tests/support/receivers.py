@@ -40,6 +40,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     verified: bool | None = None  # webhook receivers: did the signature verify?
+    query: str = ""  # the request target's query string, as sent
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -69,8 +70,9 @@ class Receiver:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
-                path = urllib.parse.urlsplit(self.path).path
-                record = Received("POST", path, {k.lower(): v for k, v in self.headers.items()}, body)
+                target = urllib.parse.urlsplit(self.path)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                record = Received("POST", target.path, headers, body, query=target.query)
                 reply = receiver.handle(record)
                 with receiver.arrived:
                     receiver.received.append(record)

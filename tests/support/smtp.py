@@ -26,8 +26,10 @@ Options: ``pipelining=True`` advertises PIPELINING (RFC 2920: clients then write
 RCPT TO and DATA together; aiosmtpd reads them in order either way); ``smtputf8=True`` offers SMTPUTF8; ``auth_mechanisms={"NTLM": handler}`` adds AUTH
 mechanisms (an aiosmtpd ``auth_<NAME>(server, args)`` coroutine each) and
 ``auth_exclude=("PLAIN", "LOGIN")`` removes built-in ones; ``smtp.mail_options`` lists the
-MAIL FROM parameters of every transaction and ``smtp.auth_attempts`` counts AUTH commands
-checked by the password authenticator. ``security="starttls"`` or ``"tls"`` (a self-signed certificate for 127.0.0.1 whose
+MAIL FROM parameters of every transaction, ``smtp.auth_attempts`` counts AUTH commands
+checked by the password authenticator and ``smtp.auth_log`` records each one as
+``(mechanism, login, password)``; ``smtp.ehlos`` counts EHLO commands (clients that got past
+the greeting). ``security="starttls"`` or ``"tls"`` (a self-signed certificate for 127.0.0.1 whose
 file is ``smtp.ca_file``: point SSL_CERT_FILE at it), ``auth=("user", "password")`` (a failed
 login is answered ``smtp.auth_failure_reply``, 535 by default). ``replying_port(greeting)``
 is a port whose server greets with a refusal (421 or 554) and says nothing else.
@@ -90,6 +92,8 @@ class _Handler:
         self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
     ) -> list[str]:
         session.host_name = hostname
+        with self.server._lock:
+            self.server.ehlos += 1
         if self.server.pipelining:
             responses.insert(-1, "250-PIPELINING")
         return responses
@@ -189,6 +193,8 @@ class SmtpServer:
         self.auth_exclude = list(auth_exclude)
         self.mail_options: list[list[str]] = []
         self.auth_attempts = 0
+        self.auth_log: list[tuple[str, bytes, bytes]] = []  # (mechanism, login, password) per AUTH
+        self.ehlos = 0
         self.mode = "accept"
         self.refuse: set[str] = set()
         self.only_for: set[str] = set()
@@ -340,6 +346,8 @@ class SmtpServer:
             self.sessions.clear()
             self.mail_options.clear()
             self.auth_attempts = 0
+            self.auth_log.clear()
+            self.ehlos = 0
             self.accepted_times.clear()
             self.deferred.clear()
             self.throttled = 0
@@ -409,6 +417,8 @@ class _Authenticator:
     def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: object) -> AuthResult:
         with self.owner._lock:
             self.owner.auth_attempts += 1
+            if isinstance(auth_data, LoginPassword):
+                self.owner.auth_log.append((mechanism, auth_data.login, auth_data.password))
         ok = isinstance(auth_data, LoginPassword) and (auth_data.login, auth_data.password) == (
             self.user,
             self.password,
