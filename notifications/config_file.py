@@ -246,21 +246,21 @@ def _resolved(data: Any) -> tuple[Any, list[str]]:
     if "sites" in data:
         _validate_sites(data["sites"], problems)
     if isinstance(data.get("smtp"), dict):
-        problems += _smtp_kept_problems(data["smtp"])
+        _validate_smtp_kept(data["smtp"], problems)
     return data, problems
 
 
-def _smtp_kept_problems(smtp: dict[str, Any]) -> list[str]:
-    """The stored SMTP credentials the file would keep (it leaves them out) for a destination
-    they were not entered for."""
+def _validate_smtp_kept(smtp: dict[str, Any], problems: list[str]) -> None:
+    """Problems of the stored SMTP credentials the file would keep (it leaves them out) for a
+    destination they were not entered for. A field with a problem already (a reference to the
+    environment that did not resolve) gets no second one."""
     stored = SmtpConfiguration.current()
-    problems = []
     for name in SMTP_CREDENTIALS:
         kept = not smtp.get(name) if name in SMTP_SECRETS else name not in smtp
-        problem = secret_kept_problem(stored=stored, secret=name, changes=smtp) if kept else None
+        reported = any(problem.startswith(f"smtp.{name}:") for problem in problems)
+        problem = secret_kept_problem(stored=stored, secret=name, changes=smtp) if kept and not reported else None
         if problem:
             problems.append(f"smtp.{name}: {problem}")
-    return problems
 
 
 @transaction.atomic
