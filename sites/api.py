@@ -193,7 +193,8 @@ class ParkedReportView(APIView):
             parked, unparked = site_parked_report(site=_site(request), parked=data["parked"], unparked=data["unparked"])
         except SiteParkedReportError as error:
             raise exceptions.ValidationError(
-                {"parked": {index: {"notification_id": [problem]} for index, problem in error.problems.items()}}
+                # Keyed by the item's position, as DRF names a list item's errors.
+                {"parked": {str(index): {"notification_id": [problem]} for index, problem in error.problems.items()}}
             ) from None
         return Response({"parked": parked, "unparked": unparked})
 

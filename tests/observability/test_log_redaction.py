@@ -24,6 +24,7 @@ def log_output(request):
     to a buffer: a function returning what was logged so far."""
     logging.config.dictConfig(logging_config(log_format=request.param, level="INFO"))
     (handler,) = logging.getLogger().handlers
+    assert isinstance(handler, logging.StreamHandler)
     buffer = io.StringIO()
     handler.setStream(buffer)
     yield buffer.getvalue
