@@ -65,7 +65,11 @@ class RedactingFilter(logging.Filter):
     changed in place, so every handler after this one sees it redacted too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - arguments that do not fit the format: written beside it, redacted
+            message = f"{record.msg} {record.args!r}"
+            record.msg, record.args = urls_redact(message), None
         redacted = urls_redact(message)
         if redacted != message:
             record.msg, record.args = redacted, None

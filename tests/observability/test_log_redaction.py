@@ -72,6 +72,13 @@ def test_a_traceback_and_any_logger_are_redacted_too(log_output):
     assert_no_secret(text)
 
 
+def test_a_log_call_whose_arguments_do_not_fit_its_format_is_written_redacted_and_raises_nothing(log_output):
+    logging.getLogger("outbox.anything").warning("posted %s to %s", "https://example.com/?sig=SIGVALUE123")
+    text = log_output()
+    assert "posted %s to %s" in text and "sig=[redacted]" in text
+    assert_no_secret(text)
+
+
 def test_query_values_are_redacted_and_everything_else_is_kept():
     assert query_redact("a=1&b=&c&d=x=y") == "a=[redacted]&b=[redacted]&[redacted]&d=[redacted]"
     assert urls_redact("GET /api/v1/notifications/?status=Parked HTTP/1.1") == (
