@@ -106,9 +106,10 @@ def html_attribute_kept(tag: str, name: str, value: str) -> str | None:
         return None if _STYLE_FETCHES.search(value) else value
     if name == "background":
         return None
-    scheme = _SCHEME.match(_URL_IGNORED.sub("", value))
-    if scheme and scheme.group(1).lower() in ("cid", "data"):
-        return None
+    if name in ("href", "cite"):
+        scheme = _SCHEME.match(_URL_IGNORED.sub("", value))
+        if scheme and scheme.group(1).lower() in ("cid", "data"):
+            return None
     return value
 
 
