@@ -43,7 +43,7 @@ from notifications.ingest import (
 from notifications.kpis import kpis_compute
 from notifications.models import Notification
 from notifications.operations import notification_act
-from sites.authentication import StaffTokenAuthentication
+from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffTokenAuthentication
 from sites.models import Site
 from sites.services import site_kpis_add
 
@@ -141,7 +141,11 @@ NotificationInSerializer = inline_serializer("NotificationIn", _notification_in_
 
 class TargetSerializer(serializers.Serializer):
     channel = serializers.CharField()
-    target = serializers.CharField(help_text="Secrets masked.")
+    target = serializers.CharField(
+        help_text="For a site key, masked: an email address as o***@example.com, a phone number as +49***456, a "
+        "Teams or webhook URL as its host, an Apprise URL as its scheme (and host). Staff see the stored form "
+        "(secrets masked)."
+    )
     outcome = serializers.ChoiceField(choices=TargetOutcome.choices)
     provider_status = serializers.CharField(allow_null=True)
     provider_status_at = serializers.DateTimeField(required=False)
@@ -153,7 +157,11 @@ class StatusRecordSerializer(serializers.Serializer):
     list_name = serializers.CharField()
     status = serializers.ChoiceField(choices=Notification.Status.choices)
     retry_count = serializers.IntegerField()
-    last_error = serializers.CharField(allow_blank=True)
+    last_error = serializers.CharField(
+        allow_blank=True,
+        help_text="The latest failure in words. Never a receiver's response body; for a site key, addresses, "
+        "numbers and URLs in it are masked as targets are.",
+    )
     site_enqueued_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
     last_attempt_at = serializers.DateTimeField(allow_null=True)
@@ -405,7 +413,23 @@ class NotificationBatchView(APIView):
         return Response({"results": results})
 
 
+class IsActiveSiteOrStaff(IsActiveSite):
+    """A site key of an active site, or a staff user."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if isinstance(request.user, Site):
+            return super().has_permission(request, view)
+        return bool(getattr(request.user, "is_staff", False))
+
+
 class NotificationDetailView(APIView):
+    """One status record: a site reads its own notifications (recipients masked), staff any
+    notification as stored. The site key is tried first, so an anonymous caller is still asked
+    for one (``WWW-Authenticate: Api-Key``)."""
+
+    authentication_classes = [SiteKeyAuthentication, StaffTokenAuthentication, SessionAuthentication]
+    permission_classes = [IsActiveSiteOrStaff]
+
     @extend_schema(
         parameters=[OpenApiParameter("notification_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
         responses={
@@ -415,7 +439,12 @@ class NotificationDetailView(APIView):
         },
     )
     def get(self, request: Request, notification_id: Any) -> Response:
-        """The status record of one of the calling site's notifications."""
+        """The status record of one of the calling site's notifications (staff: of any)."""
+        if not isinstance(request.user, Site):
+            notification = Notification.objects.filter(pk=notification_id).first()
+            if notification is None:
+                raise exceptions.NotFound("No notification with this id.", code="not_found")
+            return Response(notification_status_record(notification, staff=True))
         notification = Notification.objects.filter(pk=notification_id, source_site_id=_site(request).site_id).first()
         if notification is None:
             raise exceptions.NotFound("No notification with this id for this site.", code="not_found")
@@ -511,7 +540,8 @@ class NotificationActionView(APIView):
                 f"this one is {status_now}."
             )
             return Response({"error": "conflict", "detail": detail, "status": status_now}, status=409)
-        return Response({"action": outcome.applied, "notification": notification_status_record(outcome.notification)})
+        record = notification_status_record(outcome.notification, staff=True)
+        return Response({"action": outcome.applied, "notification": record})
 
 
 def _action_schema(action: str) -> Any:

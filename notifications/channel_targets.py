@@ -12,6 +12,7 @@ secret) and a stable ``ref`` (a short digest of the address) that ties a target'
 """
 
 import binascii
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
@@ -200,6 +201,121 @@ def apprise_url_masked(url: str) -> str:
     if plugin is None:
         return f"{url.split('://', 1)[0]}://***" if "://" in url else "***"
     return str(plugin.url(privacy=True))
+
+
+# --- what a site sees -----------------------------------------------------------------------
+#
+# A site learns how its notification went, not who its lists reach: every target a site can read
+# (the status record's targets, its last_error, a command's reason) goes through
+# :func:`target_site_masked` or :func:`text_site_masked`. Staff see the stored forms.
+
+MASK = "***"
+
+
+def email_masked(address: str) -> str:
+    """``o***@example.com``: the first character of the local part, and the domain."""
+    local, at, domain = address.rpartition("@")
+    if not at or not local or not domain:
+        return MASK
+    return f"{local[0]}{MASK}@{domain}"
+
+
+def phone_masked(number: str) -> str:
+    """``+49***456``: the country calling code (by ``phonenumbers``) and the last three digits;
+    ``+***456`` when the country code is not one the library knows."""
+    import phonenumbers
+
+    digits = "".join(character for character in number if character.isdigit())
+    if len(digits) < 7:
+        return MASK
+    try:
+        country = f"+{phonenumbers.parse('+' + digits).country_code}"
+    except phonenumbers.NumberParseException:
+        country = "+"
+    return f"{country}{MASK}{digits[-3:]}"
+
+
+def url_host(url: str) -> str:
+    """The host of ``url`` alone (no scheme, credentials, port, path or query), or ``***``."""
+    try:
+        host = urlsplit(url.strip()).hostname
+    except ValueError:
+        return MASK
+    return host or MASK
+
+
+def apprise_url_site_masked(url: str) -> str:
+    """``scheme://host`` for an Apprise service addressed at a server of its own (``json://``,
+    ``mailto://``, ``ntfy://`` on one's own server …), ``scheme://`` for the others, whose URL
+    starts with a token or a topic instead (``tgram://``, ``slack://``, ntfy's public server).
+    ``url`` may be Apprise's privacy form; one that Apprise cannot read shows its scheme only."""
+    scheme, separator, _ = url.partition("://")
+    if not separator or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,31}", scheme):
+        return MASK
+    host = _apprise_server(url)
+    return f"{scheme.lower()}://{host}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _apprise_server(url: str) -> str:
+    """The server ``url`` (an Apprise URL) names, or "" when its service has none."""
+    import apprise
+    from apprise.manager_plugins import NotificationManager
+
+    scheme = url.partition("://")[0].lower()
+    plugins = NotificationManager()
+    # Only a service whose URL templates name a {host} has a server; for the others Apprise keeps
+    # the URL's first token (a bot token, a webhook id) where the host would be.
+    if scheme not in plugins or "host" not in getattr(plugins[scheme], "template_tokens", {}):
+        return ""
+    plugin = apprise.Apprise.instantiate(url, suppress_exceptions=True)
+    host = getattr(plugin, "host", "") if plugin is not None else ""
+    return host if isinstance(host, str) else ""
+
+
+def target_site_masked(*, channel: str, target: str) -> str:
+    """One target as a site sees it: an email address as ``o***@example.com``, a phone number as
+    ``+49***456``, a Teams or webhook URL as its host, an Apprise URL as its scheme (and host
+    when the service has one). ``target`` is the form stored in ``resolved_targets``."""
+    if not isinstance(target, str) or not target:
+        return MASK
+    if channel == "email":
+        return email_masked(target)
+    if channel == "sms":
+        return phone_masked(target)
+    if channel in ("teams", "webhook"):
+        return url_host(target)
+    if channel == "apprise":
+        return apprise_url_site_masked(target)
+    return MASK
+
+
+# In free text (an SMTP reply, a provider's message): URLs, then email addresses, then E.164
+# numbers. A URL goes first because its user information looks like an address.
+_TEXT_URL = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]{0,31})://[^\s<>\"'`]*")
+_TEXT_EMAIL = re.compile(r"[\w.!#$%&*+/=?^{|}~-]+@[\w-]+(?:\.[\w-]+)*")
+_TEXT_PHONE = re.compile(r"(?<![\w+])\+[1-9][0-9]{6,14}(?![0-9])")
+_TRAILING_PUNCTUATION = ".,;:!?)]}"
+
+
+def text_site_masked(text: str) -> str:
+    """``text`` with every URL, email address and phone number in it masked as targets are for
+    sites: an http(s) URL becomes its host, another URL its scheme (and host, as Apprise
+    URLs), an address ``o***@example.com``, a number ``+49***456``."""
+    if not text:
+        return text
+    text = _TEXT_URL.sub(_url_in_text_masked, text)
+    text = _TEXT_EMAIL.sub(lambda match: email_masked(match.group()), text)
+    return _TEXT_PHONE.sub(lambda match: phone_masked(match.group()), text)
+
+
+def _url_in_text_masked(match: re.Match[str]) -> str:
+    url = match.group()
+    kept = url.rstrip(_TRAILING_PUNCTUATION)
+    trailing = url[len(kept) :]
+    if match.group(1).lower() in ("http", "https"):
+        return url_host(kept) + trailing
+    return apprise_url_site_masked(kept) + trailing
 
 
 # --- resolving ----------------------------------------------------------------------------

@@ -9,14 +9,21 @@
   offers SMTPUTF8 (RFC 6531), with the SMTPUTF8 parameter on MAIL FROM; to any other server
   that recipient fails on its own, permanently, with a message saying why.
 
-:func:`email_address_problem` is the check every place that stores an address uses (the
-list editor, the configuration file, the SMTP configuration, the test email): Django's email
-syntax, plus a domain that IDNA 2008 can encode (Django's own check uses the older IDNA 2003
-codec, which lets through characters that cannot be delivered).
+:func:`email_address_refusal` is the one rule an address must pass, wherever it comes from: the
+list editor, the configuration file, the SMTP configuration and the test email (through
+:func:`email_address_problem`, which names the address), and the ``reply_to`` and ``cc`` of a
+notification, which ingest checks and delivery reads again with the same function
+(notifications.email_content). No control character (a line break, TAB, VT, FF, NEL, the line
+and paragraph separators …: even inside a quoted local part, which Django's syntax check lets
+through, it could end a header), Django's email syntax, and a domain that IDNA 2008 can encode
+(Django's own check uses the older IDNA 2003 codec, which lets through characters that cannot
+be delivered).
 """
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
+
+from notifications.list_names import text_control_problem
 
 try:
     import idna
@@ -76,14 +83,37 @@ def needs_smtputf8(addresses: list[str]) -> bool:
     return False
 
 
-def email_address_problem(address: str) -> str | None:
-    """Why ``address`` cannot be stored for delivery, in words, or None."""
+def email_address_control_refusal(address: str) -> str | None:
+    """The control character ``address`` must not hold, as a sentence, or None (the first part
+    of :func:`email_address_refusal`)."""
+    problem = text_control_problem(address)
+    if problem is None and "\t" in address:  # allowed in one-line text, never in an address
+        problem = "Must not contain control characters (found U+0009)."
+    return problem
+
+
+def email_address_refusal(address: str) -> str | None:
+    """Why ``address`` cannot be delivered to, as a sentence about it ("Must not contain control
+    characters (found U+000C).", "Is not a valid email address.", "Cannot be delivered: …"), or
+    None when it can."""
+    problem = email_address_control_refusal(address)
+    if problem is not None:
+        return problem
     try:
         validate_email(address)
     except ValidationError:
-        return f"{address!r} is not a valid email address."
+        return "Is not a valid email address."
     try:
         address_ascii_domain(address)
     except AddressNotSendable as exc:
-        return f"{address!r} cannot be delivered: {exc}."
+        return f"Cannot be delivered: {exc}."
     return None
+
+
+def email_address_problem(address: str) -> str | None:
+    """Why ``address`` cannot be stored for delivery, in words naming it, or None
+    (:func:`email_address_refusal`)."""
+    refusal = email_address_refusal(address)
+    if refusal is None:
+        return None
+    return f"{address!r} {refusal[0].lower()}{refusal[1:]}"

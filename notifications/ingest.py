@@ -27,7 +27,7 @@ from django.db import transaction
 from notifications import db
 from notifications.adapters import ADAPTER_PATHS
 from notifications.adapters.base import targets_summary
-from notifications.channel_targets import teams_type_data_validate
+from notifications.channel_targets import teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
 from notifications.models import Notification
@@ -439,22 +439,24 @@ def _iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
 
 
-def notification_status_record(notification: Any) -> dict[str, Any]:
-    """The status record (docs/api.md), as a JSON-ready dict."""
+def notification_status_record(notification: Any, *, staff: bool = False) -> dict[str, Any]:
+    """The status record (docs/api.md), as a JSON-ready dict. A site (``staff`` false) sees
+    outcomes, not recipients: its targets and the addresses, numbers and URLs in its
+    ``last_error`` are masked (notifications.channel_targets); staff see them as stored."""
     return {
         "notification_id": str(notification.notification_id),
         "type": notification.type,
         "list_name": notification.list_name,
         "status": notification.status,
         "retry_count": notification.retry_count,
-        "last_error": notification.last_error,
+        "last_error": notification.last_error if staff else text_site_masked(notification.last_error),
         "site_enqueued_at": _iso(notification.site_enqueued_at),
         "created_at": _iso(notification.created_at),
         "last_attempt_at": _iso(notification.last_attempt_at),
         "next_attempt_at": _iso(notification.next_attempt_at),
         "delivered_at": _iso(notification.delivered_at),
         **_targets_record(getattr(notification, "resolved_targets", None)),
-        "targets": notification_targets(notification),
+        "targets": notification_targets(notification, staff=staff),
     }
 
 

@@ -32,6 +32,7 @@ from rest_framework.views import APIView
 from twilio.request_validator import RequestValidator
 
 from notifications.adapters.base import target_outcome
+from notifications.channel_targets import target_site_masked
 from notifications.models import ChannelConfiguration, Notification, ProviderMessage
 
 # Twilio's message statuses, by how far along they are: a callback never moves a target back.
@@ -131,9 +132,11 @@ def provider_statuses_reapply(*, notification_ids: Iterable[Any]) -> None:
         targets_apply_provider_statuses(notification=notification, messages=by_notification[notification.pk])
 
 
-def notification_targets(notification: Any) -> list[dict[str, Any]]:
-    """The status record's ``targets``: channel, masked target, outcome and provider status
-    of each target, from the notification's ``resolved_targets``."""
+def notification_targets(notification: Any, *, staff: bool = False) -> list[dict[str, Any]]:
+    """The status record's ``targets``: channel, target, outcome and provider status of each
+    target, from the notification's ``resolved_targets``. The target is the stored form (secrets
+    masked) for ``staff``, else what a site may see of it (``o***@example.com``, a host …:
+    notifications.channel_targets.target_site_masked)."""
     targets = getattr(notification, "resolved_targets", None)
     if not isinstance(targets, list):
         return []
@@ -141,9 +144,10 @@ def notification_targets(notification: Any) -> list[dict[str, Any]]:
     for entry in targets:
         if not isinstance(entry, dict) or "target" not in entry:
             continue
+        channel = entry.get("channel", notification.type)
         record = {
-            "channel": entry.get("channel", notification.type),
-            "target": entry["target"],
+            "channel": channel,
+            "target": entry["target"] if staff else target_site_masked(channel=channel, target=entry["target"]),
             "outcome": target_outcome(entry),
             "provider_status": entry.get("provider_status"),
         }

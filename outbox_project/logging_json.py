@@ -18,13 +18,12 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from outbox_project.log_redaction import STANDARD_ATTRIBUTES
+
 LOG_FORMATS = ("text", "json")
 # Context a log call passes with extra= where it is relevant (dispatcher, ingest).
 CONTEXT_FIELDS = ("notification_id", "site", "channel", "worker", "outcome")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
-
-# Attributes every LogRecord has; anything else on a record came from extra=.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,13 +43,15 @@ class JsonFormatter(logging.Formatter):
             if value is not None:
                 entry[name] = value
         for name, value in vars(record).items():
-            if name not in _STANDARD and name not in entry:
+            if name not in STANDARD_ATTRIBUTES and name not in entry:
                 entry[name] = value
         entry["process"] = record.process
         entry["thread"] = record.threadName
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        elif record.exc_text:
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            # As logging.Formatter does: a traceback formatted once (and redacted:
+            # outbox_project.log_redaction) is written as it is.
             entry["exception"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
@@ -69,20 +70,33 @@ def logging_config(*, log_format: str, level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"outbox": formatter},
-        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "outbox"}},
+        "filters": {"redact": {"()": "outbox_project.log_redaction.RedactingFilter"}},
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "outbox", "filters": ["redact"]}},
         "root": {"handlers": ["console"], "level": level},
-        "loggers": {"django.db.backends": {"level": "WARNING"}},
+        "loggers": {
+            "django.db.backends": {"level": "WARNING"},
+            # Django's own handlers for these (its console and mail_admins, runserver's request
+            # lines) would bypass the format and the redaction: they log through ours instead.
+            "django": {"handlers": [], "propagate": True},
+            "django.server": {"handlers": ["console"], "propagate": False},
+        },
     }
 
 
 def gunicorn_logging_config(*, level: str = "INFO") -> dict[str, Any]:
     """gunicorn's own log (its master's and workers' messages) in JSON, for ``logconfig_dict``
     in gunicorn.conf.py: to standard error, each line one object."""
-    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    handler = {
+        "class": "logging.StreamHandler",
+        "formatter": "json",
+        "stream": "ext://sys.stderr",
+        "filters": ["redact"],
+    }
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": "outbox_project.logging_json.JsonFormatter"}},
+        "filters": {"redact": {"()": "outbox_project.log_redaction.RedactingFilter"}},
         "handlers": {"json": handler},
         "root": {"level": level, "handlers": ["json"]},
         "loggers": {

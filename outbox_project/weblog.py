@@ -1,28 +1,32 @@
-"""The web server's log: gunicorn's, with secrets in query strings redacted."""
+"""The web server's log: gunicorn's, with query strings and URL credentials redacted by the same
+rules as the application's log (outbox_project.log_redaction)."""
 
-import re
 from typing import Any
 
 from gunicorn.glogging import Logger
 
-# A query parameter whose name suggests a credential; its value is never logged.
-SECRET_PARAMETER = re.compile(r"(?i)((?:^|[?&])[^=&]*(?:key|token|secret|passw|auth|signature)[^=&\s]*=)[^&\s]*")
-REDACTED = "[redacted]"
+from outbox_project.log_redaction import RedactingFilter, query_redact, urls_redact
 
-
-def query_redact(text: str) -> str:
-    """``text`` (a query string or a URI) with the values of credential-like parameters
-    replaced by ``[redacted]``."""
-    return SECRET_PARAMETER.sub(lambda match: match.group(1) + REDACTED, text)
+# Atoms that hold a query string alone (no "?" in front); every other text atom is redacted
+# where it holds a URL or a path with a query (the request line, the referrer …).
+QUERY_ATOMS = ("q", "{query_string}e")
 
 
 class RedactingLogger(Logger):
-    """gunicorn's logger; the request line and query string atoms of the access log are
-    redacted with :func:`query_redact`."""
+    """gunicorn's logger: the access log's atoms are redacted (the request line, the query
+    string, the referrer, …), and every handler of its error and access logs gets the
+    application's :class:`RedactingFilter` (gunicorn logs a request's URI when it fails)."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for log in (self.error_log, self.access_log):
+            for handler in log.handlers:
+                if not any(isinstance(existing, RedactingFilter) for existing in handler.filters):
+                    handler.addFilter(RedactingFilter())
 
     def atoms(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> dict[str, Any]:
         atoms = super().atoms(resp, req, environ, request_time)
-        for name in ("r", "q", "{raw_uri}e", "{query_string}e"):
-            if isinstance(atoms.get(name), str):
-                atoms[name] = query_redact(atoms[name])
+        for name, value in atoms.items():
+            if isinstance(value, str):
+                atoms[name] = query_redact(value) if name in QUERY_ATOMS else urls_redact(value)
         return atoms

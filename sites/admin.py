@@ -409,8 +409,11 @@ class SiteParkedNotificationAdmin(SiteRecordAdmin):
                 command_action=_latest_command("action"),
                 command_state=_latest_command("state"),
                 command_detail=_latest_command("detail"),
+                # Only the site's own notification: a site cannot have another site's linked here.
                 central_status=Subquery(
-                    Notification.objects.filter(pk=OuterRef("notification_id")).values("status")[:1]
+                    Notification.objects.filter(
+                        pk=OuterRef("notification_id"), source_site_id=OuterRef("site__site_id")
+                    ).values("status")[:1]
                 ),
             )
         )

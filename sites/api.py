@@ -13,8 +13,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from notifications.api import ERROR_RESPONSES, ErrorSerializer
+from notifications.channel_targets import text_site_masked
 from sites.models import Site, SiteCommand, SiteParkedNotification
-from sites.services import site_command_acknowledge, site_heartbeat_record, site_parked_report
+from sites.services import (
+    SiteParkedReportError,
+    site_command_acknowledge,
+    site_heartbeat_record,
+    site_parked_report,
+)
 
 MAX_REPORT_ITEMS = 1000
 MAX_TEXT = 10_000
@@ -136,12 +142,14 @@ def _site(request: Request) -> Site:
 
 
 def command_record(command: SiteCommand) -> dict[str, Any]:
-    """A command as the agent receives it in a heartbeat answer."""
+    """A command as the agent receives it in a heartbeat answer. The operator's reason is free
+    text that may quote a recipient (from a last_error, say): masked as the status record's
+    targets are."""
     return {
         "id": str(command.pk),
         "action": command.action,
         "notification_id": str(command.notification_id),
-        "reason": command.reason,
+        "reason": text_site_masked(command.reason),
     }
 
 
@@ -181,7 +189,13 @@ class ParkedReportView(APIView):
     def post(self, request: Request) -> Response:
         """Rows parked at the site, and rows that left that state (retried or discarded)."""
         data = _validated(ParkedReportSerializer, request)
-        parked, unparked = site_parked_report(site=_site(request), parked=data["parked"], unparked=data["unparked"])
+        try:
+            parked, unparked = site_parked_report(site=_site(request), parked=data["parked"], unparked=data["unparked"])
+        except SiteParkedReportError as error:
+            raise exceptions.ValidationError(
+                # Keyed by the item's position, as DRF names a list item's errors.
+                {"parked": {str(index): {"notification_id": [problem]} for index, problem in error.problems.items()}}
+            ) from None
         return Response({"parked": parked, "unparked": unparked})
 
 

@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from notifications.clock import database_now
+from notifications.models import Notification
 from sites.models import Site, SiteAPIKey, SiteCommand, SiteHeartbeat, SiteParkedNotification
 
 Parked = SiteParkedNotification.State
@@ -98,12 +99,39 @@ def _fit(field: str, value: object) -> str:
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
+class SiteParkedReportError(Exception):
+    """A parked report refused as a whole; ``problems`` maps the position of each offending
+    ``parked`` item to what is wrong with it."""
+
+    def __init__(self, problems: dict[int, str]) -> None:
+        super().__init__("; ".join(f"parked[{index}]: {problem}" for index, problem in problems.items()))
+        self.problems = problems
+
+
 def site_parked_report(
     *, site: Site, parked: Iterable[dict[str, Any]], unparked: Iterable[dict[str, Any]]
 ) -> tuple[int, int]:
     """Apply a site's parked report, idempotently by notification id: ``parked`` rows are parked
     at the site now (created, or updated with the new reason); ``unparked`` rows (``outcome``
-    retried or discarded) left that state. Returns ``(parked, unparked)`` rows changed."""
+    retried or discarded) left that state. Returns ``(parked, unparked)`` rows changed.
+
+    A site can report only its own notifications: when central holds a reported id for another
+    site, the report is refused as a whole (SiteParkedReportError) and nothing is stored, so
+    that no site can place its own row next to another site's notification in the console."""
+    parked = list(parked)
+    foreign = set(
+        Notification.objects.filter(pk__in=[item["notification_id"] for item in parked])
+        .exclude(source_site_id=site.site_id)
+        .values_list("pk", flat=True)
+    )
+    if foreign:
+        raise SiteParkedReportError(
+            {
+                index: "Central holds a notification with this id for another site; a site reports only its own."
+                for index, item in enumerate(parked)
+                if item["notification_id"] in foreign
+            }
+        )
     now = database_now()
     rows = {}
     for item in parked:

@@ -43,10 +43,12 @@ PRIORITY_HEADERS = {
 FALLBACK_FILENAME = "attachment"
 MAX_SAFE_FILENAME_LENGTH = 120
 
-# HTML is reduced to what an alarm table or a short report needs, and nothing that runs: nh3's
-# default tags and attributes (no script, no event handler, no javascript: URL, no iframe or
-# form), plus the presentational table attributes and a few inline styles mail clients honour.
-# No url() can appear in a style: none of these properties take one.
+# HTML is reduced to what an alarm table or a short report needs, and nothing that runs or
+# fetches: nh3's default tags and attributes (no script, no event handler, no javascript: URL, no
+# iframe or form), plus the presentational table attributes and a few inline styles mail clients
+# honour. Nothing is loaded from elsewhere when a recipient opens the message (see
+# html_attribute_kept): a remote image is a read receipt for whoever serves it, or a request
+# from the reader's mail client into their own network.
 HTML_ATTRIBUTES = {
     **{tag: set(names) for tag, names in nh3.ALLOWED_ATTRIBUTES.items()},
     "*": {"style", "title", "lang", "dir"},
@@ -82,15 +84,50 @@ HTML_STYLE_PROPERTIES = {
 }
 
 
+# Images travel inside the message: a part of it (cid:) or the image itself (data:, raster
+# types only: an SVG is a document that may hold scripts and links).
+_IMAGE_SOURCE = re.compile(r"(?i)\s*(?:cid:|data:image/(?:png|gif|jpeg|webp);base64,)")
+# An inline style that could fetch (url(), @import, image-set()) or run (expression()). Checked
+# before nh3 normalises the style, so CSS escapes (u\72l) and comments (ur/**/l), which would
+# hide these words, are refused as well; an alarm email's styles need neither.
+_STYLE_FETCHES = re.compile(r"(?i)url\s*\(|expression\s*\(|image-set\s*\(|@import|\\|/\*")
+_SCHEME = re.compile(r"(?i)([a-z][a-z0-9+.-]*):")
+# What URL parsers (browsers', nh3's) drop from a URL before reading its scheme ("d\tata:").
+_URL_IGNORED = re.compile(r"[\x00-\x20]")
+
+
+def html_attribute_kept(tag: str, name: str, value: str) -> str | None:
+    """nh3's attribute filter: ``value``, or None to drop the attribute. An image's ``src`` only
+    as ``cid:`` or a ``data:`` raster image; a link never to ``cid:`` or ``data:`` (nh3 allows
+    both schemes for the images); no ``style`` that could fetch or run; no ``background``."""
+    if name == "src":
+        return value if tag == "img" and _IMAGE_SOURCE.match(value) else None
+    if name == "style":
+        return None if _STYLE_FETCHES.search(value) else value
+    if name == "background":
+        return None
+    if name in ("href", "cite"):
+        scheme = _SCHEME.match(_URL_IGNORED.sub("", value))
+        if scheme and scheme.group(1).lower() in ("cid", "data"):
+            return None
+    return value
+
+
 @cache
 def _cleaner() -> nh3.Cleaner:
-    return nh3.Cleaner(attributes=HTML_ATTRIBUTES, filter_style_properties=HTML_STYLE_PROPERTIES)
+    return nh3.Cleaner(
+        attributes=HTML_ATTRIBUTES,
+        filter_style_properties=HTML_STYLE_PROPERTIES,
+        attribute_filter=html_attribute_kept,
+        url_schemes=nh3.ALLOWED_URL_SCHEMES | {"cid", "data"},
+    )
 
 
 def html_sanitise(html: str) -> str:
     """``html`` with everything that could run or fetch on its own removed: script and style
     elements with their content, event-handler attributes, ``javascript:`` and other unknown
-    URL schemes, frames and forms. What remains is markup to show."""
+    URL schemes, frames and forms, and everything a mail client would load when the message is
+    opened (remote images, CSS ``url()``, ``background``). What remains is markup to show."""
     return _cleaner().clean(html)
 
 

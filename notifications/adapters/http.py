@@ -45,6 +45,10 @@ class TargetOutcome:
     retry_after: float | None = None
     http_status: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # provider_id, provider_status, …
+    # The start of a non-2xx answer's body: for operators (the attempt's detail), never in
+    # ``detail``, which becomes the row's last_error that sites read; a receiver's body may
+    # echo anything (our request, its own internals).
+    response_excerpt: str = ""
 
     @property
     def retryable(self) -> bool:
@@ -73,24 +77,26 @@ def http_failure(response: httpx.Response) -> TargetOutcome:
     """The outcome of a non-2xx answer: the one place HTTP statuses become failure classes."""
     status = response.status_code
     retry_after = retry_after_seconds(response.headers.get("retry-after"))
-    text = f"HTTP {status} {response.reason_phrase}".strip()
-    snippet = response.text[:200].strip() if response.content else ""
-    detail = f"{text}: {snippet}" if snippet else text
+    detail = f"HTTP {status} {response.reason_phrase}".strip()
+    excerpt = response.text[:200].strip() if response.content else ""
     if status == 408:
-        return TargetOutcome("deferred", detail, FailureClass.TIMEOUT, retry_after, status)
-    if status == 429:
-        return TargetOutcome("deferred", detail, FailureClass.THROTTLED, retry_after, status)
-    if status >= 500:
-        return TargetOutcome("deferred", detail, FailureClass.PROVIDER_ERROR, retry_after, status)
-    if status in (401, 403):
+        outcome = TargetOutcome("deferred", detail, FailureClass.TIMEOUT, retry_after, status)
+    elif status == 429:
+        outcome = TargetOutcome("deferred", detail, FailureClass.THROTTLED, retry_after, status)
+    elif status >= 500:
+        outcome = TargetOutcome("deferred", detail, FailureClass.PROVIDER_ERROR, retry_after, status)
+    elif status in (401, 403):
         # Permanent for the target: the receiver refuses our credentials or signature; sending
         # the same request again cannot succeed until someone changes the configuration.
-        return TargetOutcome("refused", detail, FailureClass.CONFIGURATION, None, status)
-    if status in (404, 410):
+        outcome = TargetOutcome("refused", detail, FailureClass.CONFIGURATION, None, status)
+    elif status in (404, 410):
         # Permanent: the endpoint does not exist (any more); 410 says so explicitly.
-        return TargetOutcome("refused", detail, FailureClass.RECIPIENT_REJECTED, None, status)
-    # Permanent: any other 4xx says this request is wrong for this receiver (400, 413, 422 …).
-    return TargetOutcome("refused", detail, FailureClass.CONTENT_REJECTED, None, status)
+        outcome = TargetOutcome("refused", detail, FailureClass.RECIPIENT_REJECTED, None, status)
+    else:
+        # Permanent: any other 4xx says this request is wrong for this receiver (400, 413, 422 …).
+        outcome = TargetOutcome("refused", detail, FailureClass.CONTENT_REJECTED, None, status)
+    outcome.response_excerpt = excerpt
+    return outcome
 
 
 def http_exception(exc: httpx.HTTPError) -> TargetOutcome:
@@ -224,6 +230,8 @@ def _entry(channel: str, target: Target, outcome: TargetOutcome) -> dict[str, An
         entry["failure_class"] = outcome.failure_class
     if outcome.http_status is not None:
         entry["http_status"] = outcome.http_status
+    if outcome.response_excerpt:
+        entry["response_excerpt"] = outcome.response_excerpt
     entry.update(outcome.extra)
     return entry
 
@@ -258,7 +266,8 @@ def _result(snapshot: list[dict[str, Any]], fresh: list[TargetOutcome]) -> Deliv
 
 
 def _status(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"http_status": entry["http_status"]} if "http_status" in entry else {}
+    """What the attempt's detail shows of a target's answer: its HTTP status and body excerpt."""
+    return {name: entry[name] for name in ("http_status", "response_excerpt") if name in entry}
 
 
 def _summary(snapshot: list[dict[str, Any]], *, lead: str) -> str:

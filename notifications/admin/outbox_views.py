@@ -70,9 +70,15 @@ class _Echo:
         return value
 
 
-def _csv_safe(value: Any) -> Any:
-    """A cell a spreadsheet will not run as a formula (text starting = + - @ gets a quote)."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+# What makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection"): = + - @, a TAB or
+# a CR first, and their full-width forms, which some spreadsheets fold to the ASCII ones.
+FORMULA_STARTS = frozenset("=+-@\t\r\uff1d\uff0b\uff0d\uff20")
+
+
+def csv_cell_safe(value: Any) -> Any:
+    """``value`` as a CSV cell a spreadsheet will not run: text that starts with a formula
+    character, also after leading white space (which spreadsheets skip), gets a ``'`` in front."""
+    if isinstance(value, str) and (value[:1] in FORMULA_STARTS or value.lstrip()[:1] in FORMULA_STARTS):
         return "'" + value
     return value
 
@@ -236,7 +242,7 @@ class OutboxConsoleViews(_Base):
                         [f"# stopped at {EXPORT_MAX_ROWS:,} rows: narrow the filters to export the rest"]
                     )
                     return
-                yield writer.writerow([_csv_safe(_export_value(value)) for value in row])
+                yield writer.writerow([csv_cell_safe(_export_value(value)) for value in row])
 
         stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
         response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")

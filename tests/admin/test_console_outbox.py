@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from notifications import console
 from notifications.admin import outbox_views
+from notifications.admin.outbox_views import EXPORT_COLUMNS
 from notifications.kpis import kpis_compute
 from notifications.models import Notification, NotificationList
 from tests.admin.conftest import make_notification, make_user
@@ -302,6 +303,25 @@ def test_export_streams_the_filtered_rows_as_csv_with_formula_cells_defused(oper
     assert rows[1][8].endswith("Z")
     page = operator_client.get(OUTBOX, {"status": "Parked"}).content.decode()
     assert f'href="{EXPORT}?status=Parked" id="export-csv-link"' in page
+
+
+FORMULA_SUBJECTS = ["=1+1", "+1+1", "-1+1", "@SUM(A1)", "\t=1+1", "\r=1+1", " =1+1", "  @SUM(A1)", " \t-1"]
+FULL_WIDTH_SUBJECTS = ["\uff1d1+1", "\uff0b1+1", "\uff0d1+1", "\uff20SUM(A1)", " \uff1d1+1"]
+
+
+@pytest.mark.parametrize("subject", FORMULA_SUBJECTS + FULL_WIDTH_SUBJECTS, ids=ascii)
+def test_export_quotes_every_cell_a_spreadsheet_would_read_as_a_formula(operator_client, subject):
+    make_notification(subject=subject, last_error=subject)
+    (_, row) = _csv(operator_client.get(EXPORT))
+    assert row[4] == "'" + subject
+    assert row[EXPORT_COLUMNS.index("last_error")] == "'" + subject
+
+
+@pytest.mark.parametrize("subject", ["Pump 3 tripped", " Pump 3", "3-phase fault", "a=b", "", "\uff21 full-width A"])
+def test_export_leaves_other_cells_as_they_are(operator_client, subject):
+    make_notification(subject=subject)
+    (_, row) = _csv(operator_client.get(EXPORT))
+    assert row[4] == subject
 
 
 def test_export_is_bounded_and_says_where_it_stopped(operator_client, monkeypatch):

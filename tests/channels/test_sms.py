@@ -73,10 +73,10 @@ def test_a_signed_status_callback_records_the_provider_status_and_a_replay_chang
     (entry,) = fresh(notification).resolved_targets
     assert (entry["provider_status"], entry["provider_status_at"]) == ("delivered", stamped)
 
-    # The site sees it in the status record's targets.
+    # The site sees it in the status record's targets (the number masked).
     record = api.get(f"/api/v1/notifications/{notification.pk}/").json()
     (target,) = record["targets"]
-    assert target["channel"] == "sms" and target["target"] == ALICE
+    assert target["channel"] == "sms" and target["target"] == "+49***456"
     assert (target["outcome"], target["provider_status"]) == ("delivered", "delivered")
 
 

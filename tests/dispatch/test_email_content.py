@@ -9,6 +9,7 @@ import re
 import pytest
 from django.utils import timezone
 
+from notifications.adapters.email_compose import html_sanitise
 from notifications.models import EmailRecipient, Notification, NotificationList
 from tests.dispatch.conftest import fresh, queue, run_pass
 
@@ -243,6 +244,46 @@ def test_html_is_sanitised_and_sent_as_the_alternative_to_the_plain_body(smtp_se
     assert "Pump 3 tripped" in html and "Overcurrent" in html
     assert 'href="https://plant.example/pump3"' in html
     assert 'style="color:red"' in html
+
+
+PIXEL = "R0lGODlhAQABAAAAACw="  # a 1×1 GIF, base64
+FETCHING_HTML = (
+    '<p style="color:red">Pump 3 tripped</p>'
+    '<img src="https://tracker.example/open.gif?n=1" alt="remote">'
+    '<img src="//tracker.example/relative.gif" alt="protocol-relative">'
+    '<img src="cid:trend.png" alt="inline">'
+    f'<img src="data:image/gif;base64,{PIXEL}" alt="embedded">'
+    '<img src="data:image/svg+xml;base64,PHN2Zz48L3N2Zz4=" alt="svg">'
+    '<table background="https://tracker.example/table.png"><tr>'
+    '<td style="background-color: url(https://tracker.example/cell.png)">41.5 A</td>'
+    '<td style="width: expression(alert(1))">limit</td>'
+    '<td style="color: blue; background-color: u\\72l(https://tracker.example/escaped.png)">escaped</td>'
+    '<td style="@import url(https://tracker.example/style.css)">import</td>'
+    '<td style="color: green">kept</td></tr></table>'
+    '<a href="data:text/html,<script>alert(1)</script>" title="data: pump 3">data link</a>'
+    '<a href="https://plant.example/pump3">trend</a>'
+)
+
+
+def test_html_loses_everything_a_mail_client_would_fetch_and_keeps_inline_images():
+    html = html_sanitise(FETCHING_HTML)
+    for fetched in ("tracker.example", "url(", "expression", "@import", "background=", "svg+xml", "data:text"):
+        assert fetched not in html, fetched
+    assert '<img src="cid:trend.png" alt="inline">' in html
+    assert f'<img src="data:image/gif;base64,{PIXEL}" alt="embedded">' in html
+    assert '<img alt="remote">' in html and '<img alt="protocol-relative">' in html and '<img alt="svg">' in html
+    assert 'style="color:green"' in html and 'style="color:red"' in html
+    assert 'href="https://plant.example/pump3"' in html
+    assert '<a rel="noopener noreferrer" title="data: pump 3">data link</a>' in html  # text, not a URL: kept
+
+
+def test_the_html_delivered_to_members_fetches_nothing_from_elsewhere(smtp_server, smtp_config, crew):
+    queue(list_name="Crew", type_data={"html": FETCHING_HTML})
+    run_pass()
+    message = smtp_server.received[0].message
+    html = message.get_body(preferencelist=("html",)).get_content()
+    assert "tracker.example" not in html and "url(" not in html.lower() and "background=" not in html
+    assert 'src="cid:trend.png"' in html and "41.5 A" in html
 
 
 def test_attachments_arrive_byte_for_byte_under_sanitised_names(smtp_server, smtp_config, crew):

@@ -93,6 +93,15 @@ def test_pending_commands_ride_on_every_heartbeat_until_acknowledged(api, site, 
     assert api.post(HEARTBEAT, heartbeat(), format="json").json() == {"commands": []}
 
 
+def test_a_commands_reason_reaches_the_site_with_recipients_masked(api, site, parked_row):
+    reason = "op1@example.com left; +4930123456 replaces https://hooks.example.com/alarms?sig=abc"
+    issue(parked_row, "discard", reason)
+
+    (command,) = api.post(HEARTBEAT, heartbeat(), format="json").json()["commands"]
+    assert command["reason"] == "o***@example.com left; +49***456 replaces hooks.example.com"
+    assert SiteCommand.objects.get().reason == reason  # kept as written for the console
+
+
 def test_a_heartbeat_with_bad_fields_is_refused_field_by_field(api, site):
     response = api.post(HEARTBEAT, heartbeat(buffered=-1, oldest_buffered_at="yesterday"), format="json")
 
@@ -170,6 +179,29 @@ def test_a_report_with_a_bad_item_is_refused_and_names_the_item(api, site):
     assert set(response.json()["errors"]["parked"]) == {"1"}
     assert "notification_id" in response.json()["errors"]["parked"]["1"]
     assert not SiteParkedNotification.objects.exists()
+
+
+def test_a_site_cannot_report_another_sites_notification_as_parked_at_itself(api, site, other_site):
+    from tests.dispatch.conftest import queue
+
+    (theirs,) = queue(site_id=other_site.site_id)
+    (ours,) = queue(site_id=site.site_id)
+    report = {"parked": [parked_item(ours.pk), parked_item(theirs.pk), parked_item()]}
+
+    response = api.post(PARKED, report, format="json")
+    assert response.status_code == 400
+    assert response.json()["errors"] == {
+        "parked": {
+            "1": {
+                "notification_id": [
+                    "Central holds a notification with this id for another site; a site reports only its own."
+                ]
+            }
+        }
+    }
+    assert not SiteParkedNotification.objects.exists()  # nothing of the report is stored
+    # Its own notification, which central holds too (central refused a retry, say), is accepted.
+    assert api.post(PARKED, {"parked": [parked_item(ours.pk)]}, format="json").status_code == 200
 
 
 def test_one_site_cannot_report_or_see_anothers_rows(api, site, other_site, other_site_key, parked_row):

@@ -147,6 +147,17 @@ def test_a_row_delivered_after_a_retry_links_to_centrals_notification(operator_c
     assert reverse("admin:notifications_notification_change", args=[delivered.pk]) in content
 
 
+def test_a_row_never_links_to_another_sites_notification(operator_client, site, other_site):
+    # Stored before central refused such reports: plant-a's row names plant-b's notification.
+    theirs = make_notification(status="Delivered", source_site_id=other_site.site_id)
+    row = park(site, notification_id=theirs.notification_id)
+    link = reverse("admin:notifications_notification_change", args=[theirs.pk])
+    content = operator_client.get(PARKED_AT_SITES).content.decode()
+    assert "Pump 3 tripped" in content and link not in content
+    detail = operator_client.get(reverse("admin:sites_siteparkednotification_change", args=[row.pk]))
+    assert detail.status_code == 200 and link not in detail.content.decode()
+
+
 def test_the_command_history_shows_pending_done_and_failed(operator_client, site):
     rows = [park(site) for _ in range(3)]
     for row, state in zip(rows, ("pending", "done", "failed"), strict=True):
