@@ -164,9 +164,8 @@ class IngestOutcome:
     notification: Any
 
 
-def _text_problem(value: object, rule: TextRule) -> str | None:
-    if not isinstance(value, str):
-        return "Must be a string."
+def _control_problem(value: str, rule: TextRule) -> str | None:
+    """NUL anywhere, and in one-line fields any control character, as the value was sent."""
     if "\x00" in value:
         return "Must not contain NUL characters."
     if rule.single_line:
@@ -174,9 +173,16 @@ def _text_problem(value: object, rule: TextRule) -> str | None:
             return "Must not contain line breaks (CR or LF)."
         # Other controls (VT, FF, ESC …) are no safer in a mail header or a console cell: a
         # downstream re-serialisation can turn them into line breaks.
-        problem = text_control_problem(value)
-        if problem:
-            return problem
+        return text_control_problem(value)
+    return None
+
+
+def _text_problem(value: object, rule: TextRule) -> str | None:
+    if not isinstance(value, str):
+        return "Must be a string."
+    problem = _control_problem(value, rule)
+    if problem:
+        return problem
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -273,9 +279,13 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
                 errors[rule.name] = ["This field is required."]
             texts[rule.name] = rule.default
             continue
+        problem = None
         if rule.normalize is not None and isinstance(value, str):
-            value = rule.normalize(value)
-        problem = _text_problem(value, rule)
+            # Judged as sent first: trimming must not hide a CR or LF at either end.
+            problem = _control_problem(value, rule)
+            if problem is None:
+                value = rule.normalize(value)
+        problem = problem or _text_problem(value, rule)
         if problem:
             errors[rule.name] = [problem]
         texts[rule.name] = value

@@ -120,6 +120,8 @@ def test_same_id_from_another_site_is_an_idempotency_conflict(api, payload, othe
         ("subject", 42),
         ("body", "nul \x00 byte"),
         ("list_name", "nul\x00"),
+        ("list_name", "Operators\r"),
+        ("list_name", "\x0cOperators"),
         ("source_script", "a\x00b"),
         ("source_instance_id", "x" * 201),
         ("type_data", ["not", "an", "object"]),
