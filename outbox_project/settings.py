@@ -137,6 +137,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /metrics answer whatever Host a load balancer or Prometheus sends; every other
+    # path still refuses a Host not in ALLOWED_HOSTS (notifications/probes.py).
+    "notifications.probes.ProbeMiddleware",
     "notifications.middleware.ApiGuardMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's static files from gunicorn itself (collectstatic into STATIC_ROOT).
