@@ -15,12 +15,17 @@ from urllib.parse import urlparse
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from outbox_project.env_file import LiteralEnv, env_file_load
 from outbox_project.logging_json import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-env = environ.Env()
+env = LiteralEnv()
+# OUTBOX_ENV_FILE=/etc/outbox/outbox.env: the systemd units' environment file, read with
+# systemd's rules (no expansion), for commands run by hand. Variables already set win.
+if os.environ.get("OUTBOX_ENV_FILE"):
+    env_file_load(path=os.environ["OUTBOX_ENV_FILE"])
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 
