@@ -405,3 +405,5 @@ except ValueError:
     raise ImproperlyConfigured(
         f"Environment variable LOG_FORMAT must be one of text, json, got {_log_format!r}"
     ) from None
+# With LOG_FORMAT=json also Python's warnings and whatever is printed to standard error.
+LOGGING_CONFIG = "outbox_project.logging_json.logging_configure"
