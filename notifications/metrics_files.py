@@ -166,14 +166,14 @@ def _kind_compact(directory: Path, *, kind: str, names: list[str], result: Compa
 
 
 def metrics_files_compact_at_start() -> None:
-    """Compact PROMETHEUS_MULTIPROC_DIR, if set and present, logging what was merged (INFO) and
-    what could not be read (WARNING). For a process's start."""
+    """Compact PROMETHEUS_MULTIPROC_DIR, if set and present, logging what was merged (DEBUG: it
+    happens at most starts) and what could not be read (WARNING). For a process's start."""
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
     if not directory or not os.path.isdir(directory):
         return
     result = metrics_files_compact(directory=directory)
     if result.merged:
-        logger.info(
+        logger.debug(
             "Merged %d metrics files of %d ended processes into the archive of %s",
             len(result.merged),
             len(result.processes),

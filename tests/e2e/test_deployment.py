@@ -47,11 +47,11 @@ def unit_commands(unit: Path, directive: str) -> list[list[str]]:
     ]
 
 
-def web_host_environment(directory: Path, secret_key: str) -> dict[str, str]:
+def web_host_environment(directory: Path, secret_key: str) -> dict[str, Any]:
     """The environment of one web host: the shipped environment file (its database replaced
     by the test database, its placeholder key by ``secret_key``) and, as the unit sets it, a
     metrics directory; the host's own STATIC_ROOT under ``directory``."""
-    environment = env_file_parse(text=ENV_EXAMPLE.read_text())
+    environment: dict[str, Any] = dict(env_file_parse(text=ENV_EXAMPLE.read_text()))
     del environment["DATABASE_URL"]  # the test database (child_env)
     environment.update(
         SECRET_KEY=secret_key,

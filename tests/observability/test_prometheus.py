@@ -13,6 +13,7 @@ Without Prometheus installed these tests are skipped with the reason; under CI=t
 installs it) they fail instead.
 """
 
+import functools
 import os
 import shutil
 import subprocess
@@ -216,13 +217,15 @@ def test_prometheus_scrapes_outbox_and_evaluates_the_dashboard_and_the_alerts(
         )
         try:
             poll(prometheus.ready, timeout=30, message="Prometheus did not become ready")
+
             # Enough scrapes for rate() over the dashboard's windows to have two samples.
+            def scraped_four_times(job: str) -> bool:
+                scrapes = prometheus.query(f'count_over_time(up{{job="{job}"}}[1m])')
+                return bool(scrapes) and scalar(scrapes) >= 4
+
             for job in ("outbox", "outbox-workers"):
                 poll(
-                    lambda job=job: (
-                        prometheus.query(f'count_over_time(up{{job="{job}"}}[1m])')
-                        and scalar(prometheus.query(f'count_over_time(up{{job="{job}"}}[1m])')) >= 4
-                    ),
+                    functools.partial(scraped_four_times, job),
                     timeout=30,
                     message=f"Prometheus did not scrape {job} four times",
                     interval=0.5,
