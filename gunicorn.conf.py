@@ -39,10 +39,11 @@ os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(Path(__file__).resolve().p
 
 
 def child_exit(server: object, worker: object) -> None:
-    """A web worker ended: drop its live-gauge files (its counters stay counted)."""
-    from prometheus_client import multiprocess
+    """A web worker ended: its metrics files join the archive (its counters stay counted; see
+    notifications/metrics_files.py)."""
+    from notifications.metrics_files import metrics_files_compact
 
-    multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]
+    metrics_files_compact(directory=os.environ["PROMETHEUS_MULTIPROC_DIR"])
 
 
 # LOG_FORMAT=json: gunicorn's own messages are JSON lines too, like the application's.

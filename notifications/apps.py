@@ -16,6 +16,7 @@ class NotificationsConfig(AppConfig):
             check_schedules_present,
             check_secrets_decryptable,
         )
+        from notifications.metrics_files import metrics_files_compact_at_start
         from notifications.models import SmtpConfiguration
         from notifications.operations import smtp_configuration_changed
         from notifications.schedules import schedules_after_migrate
@@ -29,3 +30,6 @@ class NotificationsConfig(AppConfig):
         post_migrate.connect(schedules_after_migrate, sender=self, dispatch_uid="outbox-schedules")
         # A changed SMTP configuration (a fixed password, another relay) is probed at once.
         post_save.connect(smtp_configuration_changed, sender=SmtpConfiguration, dispatch_uid="outbox-smtp-changed")
+        # Every process start: the metrics files of processes of this host that ended since join
+        # the archive, so the directory holds the live processes' files and one archive.
+        metrics_files_compact_at_start()

@@ -38,8 +38,9 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+
+from notifications.metrics_files import MetricsFilesCollector
 
 # prometheus-client picks its mode once, when it is first imported: with PROMETHEUS_MULTIPROC_DIR
 # set, metric values are written to files in that directory, which must then exist.
@@ -223,7 +224,7 @@ def metrics_registry() -> CollectorRegistry:
     mode) or of this one, and the gauges from the database."""
     registry = CollectorRegistry(auto_describe=False)
     if MULTIPROCESS:
-        MultiProcessCollector(registry)
+        MetricsFilesCollector(registry, directory=os.environ["PROMETHEUS_MULTIPROC_DIR"])
     else:
         for metric in (DELIVERIES, DELIVERY_SECONDS, INGEST_TO_DELIVERED):
             registry.register(metric)

@@ -5,16 +5,18 @@ over-limit and unframed bodies before the handler would buffer them.
 """
 
 import os
-from pathlib import Path
 
-from django.conf import settings
 from django.core.asgi import get_asgi_application
 
+from outbox_project.static_files import static_root_check, static_root_create
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "outbox_project.settings")
+# As in wsgi.py: STATIC_ROOT exists before WhiteNoise looks at it, and a warning says so when it
+# lacks the console's files (collectstatic did not run on this host).
+static_root_create()
 django_application = get_asgi_application()
+static_root_check()
 
 from notifications.middleware import AsgiRequestGuard  # noqa: E402  (needs Django set up)
 
-# As in wsgi.py: WhiteNoise warns at every start when STATIC_ROOT is missing.
-Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
 application = AsgiRequestGuard(django_application)

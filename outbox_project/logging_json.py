@@ -13,10 +13,14 @@ string (its line breaks escaped, so the record stays one line). Any other ``extr
 kept too, as JSON or as its text.
 """
 
+import io
 import json
 import logging
+import logging.config
+import sys
+import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 from outbox_project.log_redaction import STANDARD_ATTRIBUTES
 
@@ -111,3 +115,79 @@ def gunicorn_logging_config(*, level: str = "INFO") -> dict[str, Any]:
             },
         },
     }
+
+
+# --- output that bypasses logging (LOG_FORMAT=json) ----------------------------------------------
+
+
+class StderrToLog(io.TextIOBase):
+    """Standard error whose text becomes log records: each piece written up to a line break is
+    one WARNING record of the logger ``outbox.stderr`` (a piece of several lines, such as
+    Django's system check report, stays one record). What libraries print there — the system
+    checks before a command runs, a thread's traceback — is then a JSON line like the rest.
+    The real stream stays at ``stream``, where the log handlers write."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._pending = ""
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def write(self, text: str) -> int:
+        if getattr(self._local, "emitting", False):
+            # A handler reporting its own failure writes here: straight to the real stream,
+            # rather than round again.
+            return self.stream.write(text)
+        with self._lock:
+            self._pending += text
+            if not self._pending.endswith("\n"):
+                return len(text)
+            message, self._pending = self._pending, ""
+        self._emit(message)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            message, self._pending = self._pending, ""
+        self._emit(message)
+        self.stream.flush()
+
+    def _emit(self, message: str) -> None:
+        message = message.rstrip("\n")
+        if not message.strip():
+            return
+        self._local.emitting = True
+        try:
+            logging.getLogger("outbox.stderr").warning(message)
+        finally:
+            self._local.emitting = False
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.stream.encoding
+
+
+def logging_configure(config: dict[str, Any]) -> None:
+    """Django's ``LOGGING_CONFIG``: apply ``config`` (settings.LOGGING); with LOG_FORMAT=json,
+    also log Python's warnings (logger ``py.warnings``) rather than print them, and, unless
+    standard error is a terminal (a person reading), route what is printed there through
+    logging (:class:`StderrToLog`), so that every line a process writes is one JSON object."""
+    from django.conf import settings
+
+    if isinstance(sys.stderr, StderrToLog):
+        sys.stderr = sys.stderr.stream  # configured again: the handlers are built on the real stream
+    logging.config.dictConfig(config)
+    if getattr(settings, "LOG_FORMAT", "text") != "json":
+        return
+    logging.captureWarnings(True)
+    if not sys.stderr.isatty():
+        sys.stderr = StderrToLog(sys.stderr)

@@ -15,12 +15,17 @@ from urllib.parse import urlparse
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from outbox_project.env_file import LiteralEnv, env_file_load
 from outbox_project.logging_json import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-env = environ.Env()
+env = LiteralEnv()
+# OUTBOX_ENV_FILE=/etc/outbox/outbox.env: the systemd units' environment file, read with
+# systemd's rules (no expansion), for commands run by hand. Variables already set win.
+if os.environ.get("OUTBOX_ENV_FILE"):
+    env_file_load(path=os.environ["OUTBOX_ENV_FILE"])
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 
@@ -137,6 +142,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /metrics answer whatever Host a load balancer or Prometheus sends; every other
+    # path still refuses a Host not in ALLOWED_HOSTS (notifications/probes.py).
+    "notifications.probes.ProbeMiddleware",
     "notifications.middleware.ApiGuardMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's static files from gunicorn itself (collectstatic into STATIC_ROOT).
@@ -397,3 +405,5 @@ except ValueError:
     raise ImproperlyConfigured(
         f"Environment variable LOG_FORMAT must be one of text, json, got {_log_format!r}"
     ) from None
+# With LOG_FORMAT=json also Python's warnings and whatever is printed to standard error.
+LOGGING_CONFIG = "outbox_project.logging_json.logging_configure"

@@ -1,11 +1,13 @@
 import os
-from pathlib import Path
 
-from django.conf import settings
 from django.core.wsgi import get_wsgi_application
 
+from outbox_project.static_files import static_root_check, static_root_create
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "outbox_project.settings")
-# WhiteNoise serves STATIC_ROOT (filled by collectstatic) and warns at every start when the
-# directory is missing; the web server is where it is first needed.
-Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
+# WhiteNoise serves STATIC_ROOT (filled by collectstatic on this host) and looks at it once, when
+# the application is built: the directory exists by then, and a warning says so when it lacks
+# the console's files.
+static_root_create()
 application = get_wsgi_application()
+static_root_check()

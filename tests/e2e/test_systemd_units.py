@@ -31,8 +31,8 @@ def localised(unit: Path, directory: Path) -> Path:
     return path
 
 
-def test_both_units_are_shipped():
-    assert [unit.name for unit in UNITS] == ["outbox-web.service", "outbox-worker.service"]
+def test_the_units_are_shipped():
+    assert [unit.name for unit in UNITS] == ["outbox-metrics.service", "outbox-web.service", "outbox-worker.service"]
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda unit: unit.name)
@@ -53,3 +53,22 @@ def test_the_units_share_the_metrics_directory_and_read_one_environment_file():
         assert "Environment=PROMETHEUS_MULTIPROC_DIR=/run/outbox/metrics" in text
         assert "RuntimeDirectory=outbox" in text and "RuntimeDirectoryPreserve=yes" in text
         assert "EnvironmentFile=/etc/outbox/outbox.env" in text
+
+
+def directives(unit: Path, name: str) -> list[str]:
+    """The values of every ``name=`` line of ``unit``, in order."""
+    return [line.split("=", 1)[1] for line in unit.read_text().splitlines() if line.startswith(f"{name}=")]
+
+
+def test_stopping_a_unit_signals_its_main_process_only():
+    # gunicorn's master and django-q2's cluster stop their own processes; a SIGTERM to every
+    # process of the cluster at once leaves qcluster hanging for over a minute.
+    for unit in UNITS:
+        assert directives(unit, "KillMode") == ["mixed"], unit.name
+
+
+def test_every_web_host_collects_the_static_files_at_start_and_reload():
+    web = ROOT / "deploy" / "systemd" / "outbox-web.service"
+    collect = "/opt/outbox/.venv/bin/python manage.py collectstatic --noinput --verbosity 0"
+    assert directives(web, "ExecStartPre") == [collect]
+    assert directives(web, "ExecReload") == [collect, "/bin/kill -s HUP $MAINPID"]

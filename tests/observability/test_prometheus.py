@@ -3,14 +3,17 @@ package: the server and promtool):
 
 - the alert rules are valid PromQL and pass their unit tests (prometheus-alerts.test.yml:
   each alert fires on the series it is meant for, and stays quiet on its look-alikes);
-- a real Prometheus server scrapes a real Outbox (gunicorn with two workers, bearer token,
-  after real traffic), evaluates every Grafana panel's query and every alert rule without an
-  error, and sees what the database holds.
+- the scrape configuration (prometheus.yml: web hosts and worker hosts' serve_metrics) is valid;
+- a real Prometheus server scrapes a real Outbox as that configuration does — a web host
+  (gunicorn with two workers) and a worker host's serve_metrics, both with the bearer token,
+  after real traffic — evaluates every Grafana panel's query and every alert rule without an
+  error, and sees what the database holds, each delivery counted once.
 
 Without Prometheus installed these tests are skipped with the reason; under CI=true (.ci/run
 installs it) they fail instead.
 """
 
+import functools
 import os
 import shutil
 import subprocess
@@ -25,10 +28,11 @@ from notifications.models import Notification
 from tests.dispatch.conftest import configure_smtp
 from tests.observability.test_monitoring_files import MONITORING, dashboard_expressions
 from tests.support.payloads import make_payload
-from tests.support.processes import Central, free_port, manage, poll
+from tests.support.processes import ROOT, Central, free_port, manage, poll, stop
 
 ALERTS = MONITORING / "prometheus-alerts.yml"
 ALERT_TESTS = MONITORING / "prometheus-alerts.test.yml"
+SCRAPE = MONITORING / "prometheus.yml"
 TOKEN = "scrape-token-for-prometheus"
 
 
@@ -61,6 +65,29 @@ def test_the_alert_rules_pass_their_unit_tests():
     assert "SUCCESS" in result.stdout
 
 
+def test_the_scrape_configuration_is_valid_and_scrapes_web_and_worker_hosts(tmp_path):
+    import yaml
+
+    token = tmp_path / "outbox-metrics-token"
+    token.write_text(TOKEN)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        SCRAPE.read_text()
+        .replace("/etc/prometheus/rules/outbox-alerts.yml", str(ALERTS))
+        .replace("/etc/prometheus/outbox-metrics-token", str(token))
+    )
+    result = promtool("check", "config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+    jobs = {job["job_name"]: job for job in yaml.safe_load(SCRAPE.read_text())["scrape_configs"]}
+    assert set(jobs) == {"outbox", "outbox-workers"}
+    # The worker hosts' port is the one outbox-metrics.service serves on.
+    unit = (ROOT / "deploy" / "systemd" / "outbox-metrics.service").read_text()
+    port = unit.split("serve_metrics --bind ", 1)[1].split()[0].rsplit(":", 1)[1]
+    targets = [t for group in jobs["outbox-workers"]["static_configs"] for t in group["targets"]]
+    assert targets and all(target.endswith(f":{port}") for target in targets)
+
+
 def test_every_alert_rule_has_a_unit_test():
     import yaml
 
@@ -81,10 +108,11 @@ def test_every_alert_rule_has_a_unit_test():
 
 
 class Prometheus:
-    """A Prometheus server scraping ``target`` every second with a bearer token and evaluating
-    the alert rules every second; its data in ``directory``."""
+    """A Prometheus server scraping the targets of ``jobs`` (job name → host:port) every second
+    with a bearer token and evaluating the alert rules every second; its data in
+    ``directory``."""
 
-    def __init__(self, *, target: str, directory: Path) -> None:
+    def __init__(self, *, jobs: dict[str, str], directory: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = directory / "prometheus.yml"
@@ -92,9 +120,12 @@ class Prometheus:
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             f"rule_files: ['{ALERTS}']\n"
             "scrape_configs:\n"
-            "  - job_name: outbox\n"
-            "    authorization: {type: Bearer, credentials: " + TOKEN + "}\n"
-            f"    static_configs: [{{targets: ['{target}']}}]\n"
+            + "".join(
+                f"  - job_name: {job}\n"
+                "    authorization: {type: Bearer, credentials: " + TOKEN + "}\n"
+                f"    static_configs: [{{targets: ['{target}']}}]\n"
+                for job, target in jobs.items()
+            )
         )
         self.log = (directory / "prometheus.log").open("w")
         self.process = subprocess.Popen(
@@ -142,8 +173,11 @@ def test_prometheus_scrapes_outbox_and_evaluates_the_dashboard_and_the_alerts(
 ):
     program_or_skip("prometheus")
     configure_smtp(smtp_server)
-    metrics_dir = tmp_path / "metrics"
+    # A web host and a worker host, each with its own metrics directory, as prometheus.yml has them.
+    metrics_dir, worker_metrics_dir = tmp_path / "metrics", tmp_path / "worker-metrics"
+    worker_metrics_dir.mkdir()
     auth = {"Authorization": f"Api-Key {site_key}"}
+    worker_port = free_port()
     with Central(
         workers=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir, OUTBOX_METRICS_TOKEN=TOKEN, OUTBOX_METRICS_CACHE_SECONDS=0
     ) as central:
@@ -154,7 +188,11 @@ def test_prometheus_scrapes_outbox_and_evaluates_the_dashboard_and_the_alerts(
         )
         assert response.status_code in (200, 201, 207), response.text
         dispatcher = manage(
-            "dispatch", "--once", PROMETHEUS_MULTIPROC_DIR=metrics_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            "dispatch",
+            "--once",
+            PROMETHEUS_MULTIPROC_DIR=worker_metrics_dir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         out, err = dispatcher.communicate(timeout=120)
         assert dispatcher.returncode == 0, err
@@ -166,20 +204,33 @@ def test_prometheus_scrapes_outbox_and_evaluates_the_dashboard_and_the_alerts(
         heartbeat: dict[str, Any] = {"agent_version": "test", "buffered": 7, "parked": 0}
         assert requests.post(f"{central.url}/api/v1/sites/heartbeat/", json=heartbeat, headers=auth, timeout=10).ok
 
-        prometheus = Prometheus(target=central.url.removeprefix("http://"), directory=tmp_path)
+        serve_metrics = manage(
+            "serve_metrics",
+            "--bind",
+            f"127.0.0.1:{worker_port}",
+            PROMETHEUS_MULTIPROC_DIR=worker_metrics_dir,
+            OUTBOX_METRICS_TOKEN=TOKEN,
+        )
+        prometheus = Prometheus(
+            jobs={"outbox": central.url.removeprefix("http://"), "outbox-workers": f"127.0.0.1:{worker_port}"},
+            directory=tmp_path,
+        )
         try:
             poll(prometheus.ready, timeout=30, message="Prometheus did not become ready")
+
             # Enough scrapes for rate() over the dashboard's windows to have two samples.
-            poll(
-                lambda: (
-                    prometheus.query('count_over_time(up{job="outbox"}[1m])')
-                    and scalar(prometheus.query('count_over_time(up{job="outbox"}[1m])')) >= 4
-                ),
-                timeout=30,
-                message="Prometheus did not scrape Outbox four times",
-                interval=0.5,
-            )
-            assert scalar(prometheus.query('up{job="outbox"}')) == 1  # the bearer token is accepted
+            def scraped_four_times(job: str) -> bool:
+                scrapes = prometheus.query(f'count_over_time(up{{job="{job}"}}[1m])')
+                return bool(scrapes) and scalar(scrapes) >= 4
+
+            for job in ("outbox", "outbox-workers"):
+                poll(
+                    functools.partial(scraped_four_times, job),
+                    timeout=30,
+                    message=f"Prometheus did not scrape {job} four times",
+                    interval=0.5,
+                )
+                assert scalar(prometheus.query(f'up{{job="{job}"}}')) == 1  # the bearer token is accepted
 
             # What Prometheus sees is what the database holds.
             waiting_rows = Notification.objects.filter(status__in=Notification.NON_TERMINAL).count()
@@ -188,8 +239,13 @@ def test_prometheus_scrapes_outbox_and_evaluates_the_dashboard_and_the_alerts(
             assert scalar(prometheus.query("sum(max by (site) (outbox_queue_depth))")) == waiting_rows
             assert scalar(prometheus.query("sum(max by (site) (outbox_parked))")) == 1
             assert scalar(prometheus.query("max by (site) (outbox_site_backlog)")) == 7
+            # Counted by the worker host alone, summed over both jobs once.
             delivered = prometheus.query('sum(outbox_deliveries_total{channel="email",outcome="delivered"})')
             assert scalar(delivered) == delivered_rows
+            by_job = prometheus.query('sum by (job) (outbox_deliveries_total{channel="email",outcome="delivered"})')
+            assert {entry["metric"]["job"]: float(entry["value"][1]) for entry in by_job} == {
+                "outbox-workers": delivered_rows
+            }
 
             # Every panel's query evaluates and has a series to draw.
             for expression in dashboard_expressions():
@@ -211,3 +267,4 @@ def test_prometheus_scrapes_outbox_and_evaluates_the_dashboard_and_the_alerts(
                     assert rule["state"] == "inactive", f"{rule['name']} is {rule['state']} on a healthy system"
         finally:
             prometheus.stop()
+            stop(serve_metrics)

@@ -72,6 +72,8 @@ class PgBouncer:
                 "pool_mode = transaction",
                 "max_client_conn = 1000",
                 f"default_pool_size = {self.pool_size}",
+                # As docs/deployment.md has it: after a failed server login, retry in 1 s.
+                "server_login_retry = 1",
                 # psycopg sends none of these, Django's backend neither; harmless if a tool does.
                 "ignore_startup_parameters = extra_float_digits,options",
                 f"logfile = {d / 'pgbouncer.log'}",
@@ -81,12 +83,16 @@ class PgBouncer:
             ]
         )
 
+    def userlist(self) -> str:
+        """The content of ``userlist.txt``: the user, any password (clients are trusted)."""
+        return f'"{self.user}" ""\n'
+
     def start(self, timeout: float = 15) -> Self:
         binary = pgbouncer_binary()
         if binary is None:
             raise RuntimeError("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
         (self.directory / "pgbouncer.ini").write_text(self.config())
-        (self.directory / "userlist.txt").write_text(f'"{self.user}" ""\n')
+        (self.directory / "userlist.txt").write_text(self.userlist())
         command = [binary, str(self.directory / "pgbouncer.ini")]
         if os.geteuid() == 0:
             account = pwd.getpwnam("postgres")

@@ -126,14 +126,15 @@ class Central:
         launcher: Iterable[object] = (),
         options: Iterable[str] = (),
         stderr: int | IO[Any] | None = None,
+        stdout: int | IO[Any] | None = None,
         **env: Any,
     ) -> None:
         """``launcher``: arguments run before ``-m gunicorn`` (e.g. a clock-skewing wrapper);
         ``options``: further gunicorn options (e.g. ``["--worker-class", "sync"]``, which
-        override gunicorn.conf.py); ``stderr``: where the server's logs go (inherited by
-        default; a file to read them); ``env``: extra environment variables (settings) for the
-        server."""
-        self.stderr = stderr
+        override gunicorn.conf.py); ``stderr``, ``stdout``: where the server's logs and any
+        other output go (inherited by default; a file to read them); ``env``: extra
+        environment variables (settings) for the server."""
+        self.stderr, self.stdout = stderr, stdout
         self.launcher = [str(part) for part in launcher]
         self.options = list(options)
         self.port = port or free_port()
@@ -163,6 +164,7 @@ class Central:
             env=child_env(database=self.database, **self.env),
             cwd=ROOT,
             stderr=self.stderr,
+            stdout=self.stdout,
         )
         try:
             poll(self.healthy, timeout=timeout, interval=0.1, message="central (gunicorn) did not become healthy")

@@ -16,9 +16,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from notifications import metrics
+from notifications.metrics_files import MetricsFilesCollector
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -65,7 +65,7 @@ class Command(BaseCommand):
         if not metrics.MULTIPROCESS:
             raise CommandError("PROMETHEUS_MULTIPROC_DIR is not set: there are no counters of other processes to serve")
         registry = CollectorRegistry(auto_describe=False)
-        MultiProcessCollector(registry)
+        MetricsFilesCollector(registry, directory=os.environ["PROMETHEUS_MULTIPROC_DIR"])
         handler = type("MetricsHandler", (Handler,), {"registry": registry})
         try:
             server = ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
