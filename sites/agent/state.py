@@ -68,8 +68,8 @@ class LinkSnapshot:
         when nothing holds it."""
         if self.key_refused is not None:
             return (
-                f"central refused the site key (HTTP {self.key_refused.get('status')}: "
-                f"{self.key_refused.get('detail', '')}) since {self.key_refused.get('since')}; the buffer is held — "
+                f"central refused the site key ({self.key_refused.get('detail', '')}) since "
+                f"{self.key_refused.get('since')}; the buffer is held — "
                 "nothing is parked or lost — until the key works (check OUTBOX_SITE_KEY and the site at central)"
             )
         until = self.rate_limited.get(lane_of(priority))
@@ -134,8 +134,8 @@ class LinkState:
             self._put(
                 _KEY_EPISODE,
                 one_line(
-                    f"central refused the site key (HTTP {refused.get('status')}: {refused.get('detail', '')}) "
-                    f"from {refused.get('since')} until {now}; the buffer was held, nothing was parked"
+                    f"central refused the site key ({refused.get('detail', '')}) from {refused.get('since')} "
+                    f"until {now}; the buffer was held, nothing was parked"
                 ),
             )
             self._put(_KEY_REFUSED, None)

@@ -45,6 +45,7 @@ class Reply:
     status: int
     body: object = None
     headers: dict = field(default_factory=dict)
+    raw: bytes = None  # sent as it is instead of ``body`` as JSON (a proxy's HTML page)
 
 
 class Reset:
@@ -189,8 +190,11 @@ class FakeCentral:
             handler.close_connection = True
             return
         data = b"" if behaviour.body is None else json.dumps(behaviour.body).encode()
+        if behaviour.raw is not None:
+            data = behaviour.raw
         handler.send_response(behaviour.status)
-        handler.send_header("Content-Type", "application/json")
+        if "Content-Type" not in behaviour.headers:
+            handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(data)))
         for name, value in behaviour.headers.items():
             handler.send_header(name, value)
