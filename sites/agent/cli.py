@@ -245,7 +245,8 @@ def load_config(path: str | None) -> dict[str, Any]:
             )
         types, _default = CONFIG_KEYS[name]
         if isinstance(value, bool) or not isinstance(value, types):
-            wanted = " or ".join("number" if kind in (int, float) else kind.__name__ for kind in types)
+            names = {"int": "whole number", "float": "number", "dict": "JSON object"}
+            wanted = names.get(types[-1].__name__, types[-1].__name__)
             raise ConfigError(f"the configuration file {path}: {name} must be a {wanted}, got {value!r}")
     return data
 
