@@ -28,7 +28,12 @@ import uuid
 from typing import Any, Callable
 
 from sites.agent import __version__
-from sites.agent.central import CentralClient, CentralUnreachable
+from sites.agent.central import (
+    CentralClient,
+    CentralUnreachable,
+    no_proxy_from_environment,
+    proxy_from_environment,
+)
 from sites.agent.contract import MAX_BODY_BYTES, PRIORITIES
 from sites.agent.doctor import doctor_failed, doctor_run
 from sites.agent.fallback import fallback_config
@@ -280,15 +285,20 @@ def _setting(args: argparse.Namespace, name: str, variable: str, what: str) -> s
 def network_options(args: argparse.Namespace) -> dict[str, Any]:
     """TLS and proxy keyword arguments for SiteOutbox/CentralClient from flags, environment and
     the configuration file."""
-    proxy = args.proxy if args.proxy is not None else _config(args).get("proxy")
+    proxy = args.proxy
+    if proxy is None and not (proxy_from_environment("https") or proxy_from_environment("http")):
+        proxy = _config(args).get("proxy")
     if proxy is not None and proxy.strip().lower() in ("", "none", "direct"):
         proxy = ""
+    no_proxy = args.no_proxy
+    if no_proxy is None and not no_proxy_from_environment():
+        no_proxy = _config(args).get("no_proxy")
     return {
         "ca_file": _optional(args, "ca_file", ENV_CA_FILE),
         "client_cert": _optional(args, "client_cert", ENV_CLIENT_CERT),
         "client_key": _optional(args, "client_key", ENV_CLIENT_KEY),
         "proxy": proxy,  # None: from the environment
-        "no_proxy": args.no_proxy if args.no_proxy is not None else _config(args).get("no_proxy"),
+        "no_proxy": no_proxy,  # None: from the environment
     }
 
 

@@ -1,5 +1,5 @@
 """Fixtures for the site agent's tests. Nothing here touches Django: the agent runs without it,
-and these tests run under every Python from 3.8 up with only pytest and cryptography installed
+and these tests run under every Python from 3.8 up with only pytest, cryptography and aiosmtpd installed
 (``make test-agent-pythons``)."""
 
 import socket
