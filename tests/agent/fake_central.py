@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Dict, Optional
 
 GOOD_KEY = "site-key-plant-a"
 _SITE_ACTION = re.compile(r"^/api/v1/notifications/([^/]+)/(ack|clear)/$")
@@ -45,7 +46,7 @@ class Reply:
     status: int
     body: object = None
     headers: dict = field(default_factory=dict)
-    raw: bytes = None  # sent as it is instead of ``body`` as JSON (a proxy's HTML page)
+    raw: Optional[bytes] = None  # sent as it is instead of ``body`` as JSON (a proxy's HTML page)
 
 
 class Reset:
@@ -78,7 +79,8 @@ class FakeCentral:
         self.acks = {}  # command id -> acknowledgement body
         self.parked = {}  # notification id -> latest parked item reported
         self.unparked = {}  # notification id -> latest unparked item reported
-        self.budgets = {"critical": None, "other": None}  # notifications left per budget; None = unlimited
+        # Notifications left per budget; None = unlimited.
+        self.budgets: Dict[str, Optional[int]] = {"critical": None, "other": None}
         self.retry_after = "30"  # the Retry-After of a 429 for an empty budget
         self.watchdogs = {}  # name -> latest ping as central keeps it
         self.site_acks = {}  # notification id -> the site's acknowledgement body (the first one)
@@ -321,8 +323,9 @@ class FakeCentral:
                         headers={"Retry-After": self.retry_after},
                     )
             for budget, count in needs.items():
-                if self.budgets[budget] is not None:
-                    self.budgets[budget] -= count
+                left = self.budgets[budget]
+                if left is not None:
+                    self.budgets[budget] = left - count
         return None
 
     def _ingest(self, item):

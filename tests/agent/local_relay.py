@@ -19,7 +19,9 @@ import collections
 import socket
 import threading
 from email import message_from_bytes
+from email.message import EmailMessage
 from email.policy import default as default_policy
+from typing import List
 
 from aiosmtpd.controller import Controller
 
@@ -33,7 +35,7 @@ def free_port():
 class LocalRelay:
     def __init__(self, port=None):
         self.port = port or free_port()
-        self.messages = []
+        self.messages: List[EmailMessage] = []
         self.data_calls = 0
         self.refuse_with = None
         self.holding = threading.Event()

@@ -300,7 +300,8 @@ def test_send_takes_a_priority_and_refuses_an_unknown_one(env, capsys, buffer_pa
 
     assert code == 0 and bad == 2 and "priority: must be one of critical, high, normal, low" in err
     with SiteOutbox(buffer_path, None, None) as outbox:
-        assert outbox.buffer.get(out.strip()).priority == "critical"
+        row = outbox.buffer.get(out.strip())
+    assert row is not None and row.priority == "critical"
 
 
 def test_doctor_checks_the_local_relay_named_in_the_configuration_file(central, buffer_path, tmp_path, capsys):
