@@ -112,6 +112,8 @@ ALTER TABLE outbox_buffer ADD COLUMN local_next_attempt_at TEXT;
 ALTER TABLE outbox_buffer ADD COLUMN local_error TEXT NOT NULL DEFAULT '';
 ALTER TABLE outbox_buffer ADD COLUMN delivered_locally_at TEXT;
 CREATE INDEX IF NOT EXISTS outbox_buffer_order ON outbox_buffer (status, {rank}, created_at);
+CREATE INDEX IF NOT EXISTS outbox_buffer_server_errors ON outbox_buffer (server_errors) WHERE server_errors > 1;
+CREATE INDEX IF NOT EXISTS outbox_buffer_local ON outbox_buffer (local_state) WHERE local_state IS NOT NULL;
 CREATE TABLE IF NOT EXISTS outbox_watchdogs (
     name            TEXT PRIMARY KEY,
     every_seconds   INTEGER NOT NULL,
@@ -631,19 +633,19 @@ class Buffer:
 
         return self._write(work)
 
-    def server_error_summary(self, *, more_than: int = 1) -> tuple[int, str | None, str]:
-        """Rows central answered 500 to more than ``more_than`` times: ``(count, the earliest
-        first such answer, the last error of the row tried last)``."""
+    def server_error_summary(self) -> tuple[int, str | None, str]:
+        """Rows central answered 500 to more than once: ``(count, the earliest first such
+        answer, the last error of the row tried last)``."""
+        # "server_errors > 1" is written out so the partial index can serve it (a bound parameter
+        # would not prove the index's condition): a few rows read, whatever the backlog.
         connection = self._connection()
         count, since = connection.execute(
-            "SELECT COUNT(*), MIN(server_error_since) FROM outbox_buffer"
-            " WHERE status = 'forwarding' AND server_errors > ?",
-            (more_than,),
+            "SELECT COUNT(*), MIN(server_error_since) FROM outbox_buffer INDEXED BY outbox_buffer_server_errors"
+            " WHERE server_errors > 1 AND status = 'forwarding'"
         ).fetchone()
         last = connection.execute(
-            "SELECT last_error FROM outbox_buffer WHERE status = 'forwarding' AND server_errors > ?"
-            " ORDER BY last_attempt_at DESC LIMIT 1",
-            (more_than,),
+            "SELECT last_error FROM outbox_buffer INDEXED BY outbox_buffer_server_errors"
+            " WHERE server_errors > 1 AND status = 'forwarding' ORDER BY last_attempt_at DESC LIMIT 1"
         ).fetchone()
         return int(count), since, "" if last is None else str(last[0])
 
@@ -1061,13 +1063,17 @@ class Buffer:
         urgent first, then oldest. ``lane`` ``"critical"`` takes only critical rows, ``"other"``
         every other priority, None all. A row whose message end the local relay is receiving
         right now waits for the relay's answer (so central learns it was delivered locally)."""
-        lanes = {None: "", "critical": " AND priority = 'critical'", "other": " AND priority <> 'critical'"}
+        # Written on the rank expression, so the order index bounds each lane's scan.
+        lanes = {None: "", "critical": f" AND {RANK} = 0", "other": f" AND {RANK} >= 1"}
         rows = (
             self._connection()
             .execute(
-                "SELECT * FROM outbox_buffer WHERE status = 'forwarding' AND next_attempt_at <= ?"
+                # The order index gives the rows in sending order, so LIMIT stops the scan early;
+                # left to itself the planner may pick the due-time index and sort a whole backlog.
+                "SELECT * FROM outbox_buffer INDEXED BY outbox_buffer_order"
+                " WHERE status = 'forwarding' AND next_attempt_at <= ?"
                 f"{lanes[lane]} AND (local_state IS NOT 'ending' OR local_claimed_until <= ?)"
-                f" ORDER BY {RANK}, created_at LIMIT ?",
+                f" ORDER BY {'created_at' if lane == 'critical' else RANK + ', created_at'} LIMIT ?",
                 (now, now, limit),
             )
             .fetchall()

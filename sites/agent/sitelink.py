@@ -194,12 +194,13 @@ class SiteLink:
             return []
         self._heartbeat_reached = response.status < 500
         self._record_answer(response)
+        episode = self.state.snapshot().key_refused_episode
+        if episode and response.status < 500 and response.status not in (401, 403, 429):
+            # Carried to central (or central is too old to take heartbeats): said once.
+            self.state.key_episode_reported(episode)
         if response.status != 200:
             self._answer_not_ok("heartbeat", response)
             return []
-        episode = self.state.snapshot().key_refused_episode
-        if episode and episode in report["last_error"]:
-            self.state.key_episode_reported(episode)
         return commands_from(response.json())
 
     def _record_answer(self, response: CentralResponse) -> None:

@@ -165,6 +165,22 @@ def test_once_the_key_works_again_the_next_heartbeat_says_how_long_it_was_refuse
     assert outbox.link_status()["state"] == "ok"
 
 
+def test_a_central_too_old_for_heartbeats_does_not_keep_the_refusal_to_report_forever(make_outbox, central, clock):
+    outbox = make_outbox()
+    send_many(outbox, 1)
+    central.then(Reply(401, {"error": "authentication_failed", "detail": "Invalid API key."}))
+    with pytest.raises(CredentialRejected):
+        outbox.forward_once()
+    outbox.forward_once()
+    central.site_always = Reply(404, {"detail": "Not found."})
+
+    pending = outbox.state.snapshot().key_refused_episode
+    outbox.sync_with_central()
+
+    assert pending.startswith("central refused the site key")
+    assert outbox.state.snapshot().key_refused_episode == ""  # the forwarder stops forcing heartbeats
+
+
 def test_forward_once_on_the_command_line_exits_3_while_the_key_is_refused(central, buffer_path, capsys):
     argv = ["--db", str(buffer_path), "--central-url", central.url, "--key", "revoked-key"]
     main([*argv, "send", "--list", "Operators", "--subject", "Pump 3 tripped", "--body", "x"])
