@@ -494,14 +494,17 @@ def command_forward(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.once:
-            result = outbox.forward_once(stop_event=stop, progress=progress)
-            local = outbox.deliver_locally_once(stop_event=stop)
-            if local.active:
-                print(
-                    f"central unreachable: local relay delivered {local.delivered}, failed {local.failed}, "
-                    f"unknown {local.unknown}",
-                    flush=True,
-                )
+            try:
+                result = outbox.forward_once(stop_event=stop, progress=progress)
+            finally:
+                # A refused key counts as central unreachable: the local relay still gets its turn.
+                local = outbox.deliver_locally_once(stop_event=stop)
+                if local.active:
+                    print(
+                        f"central unreachable: local relay delivered {local.delivered}, failed {local.failed}, "
+                        f"unknown {local.unknown}",
+                        flush=True,
+                    )
             print(f"done: {json.dumps(result.as_dict())}", flush=True)
             return EXIT_OK
         outbox.run_forever(stop, progress=progress)

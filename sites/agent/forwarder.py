@@ -221,8 +221,8 @@ class Forwarder:
         ends = list(self._holds.values())
         if self._unreachable_until is not None:
             ends.append(self._unreachable_until)
-        future = [(end - now).total_seconds() for end in ends]
-        return max(min(future), 0.0) if future else None
+        future = [seconds for seconds in ((end - now).total_seconds() for end in ends) if seconds > 0]
+        return min(future) if future else None
 
     def sweep(self, *, stop_event: StopEvent | None = None, progress: Progress | None = None) -> ForwardResult:
         """Forward every row due at the sweep's start once, critical rows first; see the module
