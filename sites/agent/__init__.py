@@ -11,12 +11,14 @@ Pure standard library — no Django, no third-party package — on Python 3.8 to
 See docs/site-agent.md.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 from sites.agent.central import CentralUnreachable  # after __version__: the cli imports it
-from sites.agent.contract import InvalidNotification
+from sites.agent.contract import PRIORITIES, InvalidNotification
+from sites.agent.fallback import FallbackConfigError
 from sites.agent.forwarder import CredentialRejected, ForwardResult
 from sites.agent.outbox import (
+    FINAL_STATUSES,
     STATUS_FORWARDING,
     STATUS_PARKED_AT_SITE,
     AgentNotConfigured,
@@ -25,11 +27,14 @@ from sites.agent.outbox import (
 from sites.agent.stopping import StopSignal
 
 __all__ = [
+    "FINAL_STATUSES",
+    "PRIORITIES",
     "STATUS_FORWARDING",
     "STATUS_PARKED_AT_SITE",
     "AgentNotConfigured",
     "CentralUnreachable",
     "CredentialRejected",
+    "FallbackConfigError",
     "ForwardResult",
     "InvalidNotification",
     "SiteOutbox",

@@ -8,6 +8,12 @@ number of script threads and processes may write at once; SQLite's busy timeout 
 Timestamps are stored as fixed-width ISO-8601 UTC text (``2026-11-21T10:00:00.000000Z``) so
 that string order is time order and an operator can read the file with the ``sqlite3`` shell.
 
+Schema versions (``PRAGMA user_version``): 1 the table alone; 2 parked reports, commands and
+agent state; 3 priority, per-row server-error back-off, the local fallback's delivery record,
+watchdog pings, acknowledgements from central and the site's own acknowledge/clear calls. A
+buffer is upgraded in place, in one transaction, the first time a newer agent opens it; rows
+keep their state (a parked row stays parked) and read as priority ``normal``.
+
 Runs on SQLite 3.26 and later. ``UPDATE … RETURNING`` (SQLite 3.35) is used where the library
 has it; older libraries (RHEL 8 ships 3.26) take an equivalent count-then-update path inside the
 same write transaction. ``OUTBOX_AGENT_SQLITE_NO_RETURNING=1`` forces that path (for tests).
@@ -21,7 +27,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -29,7 +35,7 @@ T = TypeVar("T")
 FORWARDING = "forwarding"
 PARKED = "parked"
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox_buffer (
@@ -89,6 +95,71 @@ INSERT OR IGNORE INTO outbox_parked_reports (notification_id, parked, outcome, c
 SELECT notification_id, 1, '', strftime('%Y-%m-%dT%H:%M:%fZ', 'now') FROM outbox_buffer WHERE status = 'parked'
 """
 
+# What version 3 adds. ALTER TABLE … ADD COLUMN gives every existing row the default, so an old
+# row reads as priority "normal" with no server errors and no local delivery.
+_UPGRADE_TO_3 = """
+ALTER TABLE outbox_buffer ADD COLUMN priority TEXT NOT NULL DEFAULT 'normal'
+    CHECK (priority IN ('critical', 'high', 'normal', 'low'));
+ALTER TABLE outbox_buffer ADD COLUMN server_errors INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE outbox_buffer ADD COLUMN server_error_since TEXT;
+ALTER TABLE outbox_buffer ADD COLUMN local_state TEXT
+    CHECK (local_state IN ('sending', 'ending', 'delivered', 'failed', 'unknown'));
+ALTER TABLE outbox_buffer ADD COLUMN local_claim TEXT;
+ALTER TABLE outbox_buffer ADD COLUMN local_claimed_until TEXT;
+ALTER TABLE outbox_buffer ADD COLUMN local_attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE outbox_buffer ADD COLUMN local_attempt_at TEXT;
+ALTER TABLE outbox_buffer ADD COLUMN local_next_attempt_at TEXT;
+ALTER TABLE outbox_buffer ADD COLUMN local_error TEXT NOT NULL DEFAULT '';
+ALTER TABLE outbox_buffer ADD COLUMN delivered_locally_at TEXT;
+CREATE INDEX IF NOT EXISTS outbox_buffer_order ON outbox_buffer (status, {rank}, created_at);
+CREATE INDEX IF NOT EXISTS outbox_buffer_server_errors ON outbox_buffer (server_errors) WHERE server_errors > 1;
+CREATE INDEX IF NOT EXISTS outbox_buffer_local ON outbox_buffer (local_state) WHERE local_state IS NOT NULL;
+CREATE TABLE IF NOT EXISTS outbox_watchdogs (
+    name            TEXT PRIMARY KEY,
+    every_seconds   INTEGER NOT NULL,
+    list_name       TEXT NOT NULL,
+    type            TEXT NOT NULL,
+    pinged_at       TEXT NOT NULL,
+    sent_pinged_at  TEXT
+);
+CREATE TABLE IF NOT EXISTS outbox_acknowledgements (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    command_id       TEXT NOT NULL UNIQUE,
+    notification_id  TEXT NOT NULL UNIQUE,
+    acknowledged_at  TEXT,
+    acknowledged_via TEXT NOT NULL DEFAULT '',
+    acknowledged_by  TEXT NOT NULL DEFAULT '',
+    note             TEXT NOT NULL DEFAULT '',
+    received_at      TEXT NOT NULL,
+    handed_over_at   TEXT
+);
+CREATE TABLE IF NOT EXISTS outbox_site_actions (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    notification_id TEXT NOT NULL,
+    action          TEXT NOT NULL CHECK (action IN ('ack', 'clear')),
+    body            TEXT NOT NULL,
+    created_at      TEXT NOT NULL,
+    not_found       INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at TEXT NOT NULL,
+    last_error      TEXT NOT NULL DEFAULT ''
+);
+"""
+
+# The forwarder's order: most urgent first (critical 0 … low 3), then oldest.
+RANK = "(CASE priority WHEN 'critical' THEN 0 WHEN 'high' THEN 1 WHEN 'normal' THEN 2 ELSE 3 END)"
+_UPGRADE_TO_3 = _UPGRADE_TO_3.replace("{rank}", RANK)
+
+# Local delivery states of a row (the fallback relay, sites/agent/fallback.py).
+LOCAL_SENDING = "sending"  # claimed; talking to the relay, the message's end not sent yet
+LOCAL_ENDING = "ending"  # the message's end is being sent: never sent again
+LOCAL_DELIVERED = "delivered"  # the relay accepted it
+LOCAL_FAILED = "failed"  # the relay refused it or could not be reached; tried again later
+LOCAL_UNKNOWN = "unknown"  # the agent stopped while the relay had the message's end: not sent again
+
+# Acknowledgements stored from central are kept this long (central stops handing a command out
+# after 24 hours, so a command seen again within this time is always recognised).
+ACKNOWLEDGEMENT_MEMORY_DAYS = 30
+
 # Executed commands are kept this long after central acknowledged them, so that a command
 # central hands out again (its acknowledgement was lost) is recognised, not executed twice.
 COMMAND_MEMORY_DAYS = 30
@@ -120,6 +191,29 @@ def iso_utc(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def parse_utc(text: str | None) -> datetime | None:
+    """An aware UTC datetime from ISO-8601 text such as the buffer's (``…Z``) or central's
+    (``…+00:00``); None for None or text that is not such a time. A time without a zone is
+    taken as UTC."""
+    if not text:
+        return None
+    value = text.strip()
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
+    # Python 3.8–3.10 read fractions of exactly 3 or 6 digits only.
+    head, dot, rest = value.partition(".")
+    if dot:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        value = head + "." + (rest[:digits] + "000000")[:6] + rest[digits:]
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc)
+
+
 def utc_now() -> datetime:
     """The current time as an aware UTC datetime."""
     return datetime.now(timezone.utc)
@@ -145,6 +239,17 @@ class BufferedRow:
     last_attempt_at: str | None
     last_error: str
     status: str
+    priority: str = "normal"
+    server_errors: int = 0
+    server_error_since: str | None = None
+    local_state: str | None = None
+    local_claim: str | None = None
+    local_claimed_until: str | None = None
+    local_attempts: int = 0
+    local_attempt_at: str | None = None
+    local_next_attempt_at: str | None = None
+    local_error: str = ""
+    delivered_locally_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +281,69 @@ class CommandRecord:
     acked_at: str | None
 
 
-COMMAND_ACTIONS = ("retry", "discard")
+@dataclass(frozen=True)
+class Acknowledgement:
+    """Central's word that a person acknowledged a notification this site raised."""
+
+    notification_id: str
+    acknowledged_at: str | None
+    acknowledged_via: str
+    acknowledged_by: str
+    note: str
+    received_at: str  # when this site stored it (the site's clock)
+
+    def as_dict(self) -> dict[str, str | None]:
+        """The acknowledgement as a JSON-ready dict."""
+        return {
+            "notification_id": self.notification_id,
+            "acknowledged_at": self.acknowledged_at,
+            "acknowledged_via": self.acknowledged_via,
+            "acknowledged_by": self.acknowledged_by,
+            "note": self.note,
+            "received_at": self.received_at,
+        }
+
+
+@dataclass(frozen=True)
+class WatchdogPing:
+    """The latest ping of one watchdog."""
+
+    name: str
+    every_seconds: int
+    list_name: str
+    type: str
+    pinged_at: str
+    sent_pinged_at: str | None
+
+
+@dataclass(frozen=True)
+class SiteAction:
+    """An acknowledge or clear call of the plant's code, waiting to be sent to central."""
+
+    action_id: int
+    notification_id: str
+    action: str  # "ack" or "clear"
+    body: str  # the JSON body to post
+    created_at: str
+    not_found: int  # how many times central answered 404
+    next_attempt_at: str
+    last_error: str
+
+
+COMMAND_ACTIONS = ("retry", "discard", "acknowledged")
+# The fields of an "acknowledged" command that are stored for the plant's code.
+ACKNOWLEDGEMENT_FIELDS = ("acknowledged_at", "acknowledged_via", "acknowledged_by", "note")
+
+
+def _acknowledgement(row: sqlite3.Row) -> Acknowledgement:
+    return Acknowledgement(
+        notification_id=row["notification_id"],
+        acknowledged_at=row["acknowledged_at"],
+        acknowledged_via=row["acknowledged_via"],
+        acknowledged_by=row["acknowledged_by"],
+        note=row["note"],
+        received_at=row["received_at"],
+    )
 
 
 def _chunks(items: Iterable[str], size: int = _CHUNK) -> Iterator[list[str]]:
@@ -275,18 +442,20 @@ class Buffer:
                 connection.execute(statement)
             if version < 2:
                 connection.execute(_UPGRADE_TO_2)
+            for statement in _statements(_UPGRADE_TO_3):
+                connection.execute(statement)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
         self._write(work)
 
     # --- writes -----------------------------------------------------------------------------
 
-    def insert(self, *, notification_id: str, payload: str, created_at: str) -> None:
+    def insert(self, *, notification_id: str, payload: str, created_at: str, priority: str = "normal") -> None:
         """Durably add one row, due at once. Returns when the row is committed to disk."""
         self._connection().execute(
-            "INSERT INTO outbox_buffer (notification_id, payload, created_at, next_attempt_at, status)"
-            " VALUES (?, ?, ?, ?, 'forwarding')",
-            (notification_id, payload, created_at, created_at),
+            "INSERT INTO outbox_buffer (notification_id, payload, created_at, next_attempt_at, status, priority)"
+            " VALUES (?, ?, ?, ?, 'forwarding', ?)",
+            (notification_id, payload, created_at, created_at, priority),
         )
 
     def insert_many(self, rows: Iterable[tuple[str, str, str]]) -> None:
@@ -416,6 +585,274 @@ class Buffer:
             )
         )
 
+    def record_link_failure(
+        self, notification_ids: Iterable[str], *, error: str, now: str, next_attempt_at: str
+    ) -> int:
+        """Central could not be reached for these rows (no answer, a timeout, a 5xx other than
+        500, a proxy's error): the error and the next attempt are recorded, no retry is counted
+        and nothing parks. Only rows still forwarding are touched. Returns how many."""
+        ids = list(notification_ids)
+
+        def work(connection: sqlite3.Connection) -> int:
+            touched = 0
+            for chunk in _chunks(ids):
+                marks = ",".join("?" * len(chunk))
+                touched += connection.execute(
+                    "UPDATE outbox_buffer SET last_error = ?, last_attempt_at = ?, next_attempt_at = ?"
+                    f" WHERE status = 'forwarding' AND notification_id IN ({marks})",
+                    (error, now, next_attempt_at, *chunk),
+                ).rowcount
+            return touched
+
+        return self._write(work) if ids else 0
+
+    def record_server_error(
+        self, notification_id: str, *, error: str, now: datetime, first_interval: float, max_interval: float
+    ) -> int | None:
+        """Central answered 500 to this row: count it and put the next attempt off by a growing
+        interval (``first_interval`` doubled for each further 500, at most ``max_interval``).
+        Never parks. Returns the row's count of such answers, or None if it is not forwarding."""
+
+        def work(connection: sqlite3.Connection) -> int | None:
+            row = connection.execute(
+                "SELECT server_errors FROM outbox_buffer WHERE notification_id = ? AND status = 'forwarding'",
+                (notification_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            count = int(row[0]) + 1
+            # The exponent is bounded: 2**20 intervals is beyond any cap.
+            seconds = min(first_interval * (2 ** min(count - 1, 20)), max(max_interval, first_interval))
+            stamp = iso_utc(now)
+            connection.execute(
+                "UPDATE outbox_buffer SET server_errors = ?, server_error_since = COALESCE(server_error_since, ?),"
+                " last_error = ?, last_attempt_at = ?, next_attempt_at = ? WHERE notification_id = ?",
+                (count, stamp, error, stamp, iso_utc(now + timedelta(seconds=seconds)), notification_id),
+            )
+            return count
+
+        return self._write(work)
+
+    def server_error_summary(self) -> tuple[int, str | None, str]:
+        """Rows central answered 500 to more than once: ``(count, the earliest first such
+        answer, the last error of the row tried last)``."""
+        # "server_errors > 1" is written out so the partial index can serve it (a bound parameter
+        # would not prove the index's condition): a few rows read, whatever the backlog.
+        connection = self._connection()
+        count, since = connection.execute(
+            "SELECT COUNT(*), MIN(server_error_since) FROM outbox_buffer INDEXED BY outbox_buffer_server_errors"
+            " WHERE server_errors > 1 AND status = 'forwarding'"
+        ).fetchone()
+        last = connection.execute(
+            "SELECT last_error FROM outbox_buffer INDEXED BY outbox_buffer_server_errors"
+            " WHERE server_errors > 1 AND status = 'forwarding' ORDER BY last_attempt_at DESC LIMIT 1"
+        ).fetchone()
+        return int(count), since, "" if last is None else str(last[0])
+
+    # --- the local fallback's delivery record ---------------------------------------------------
+
+    def local_candidates(self, *, now: str, max_rank: int, limit: int) -> list[BufferedRow]:
+        """Forwarding rows of rank ``max_rank`` or more urgent that the local relay may take now:
+        never tried, or failed and due again, or claimed by an agent whose claim ran out before
+        it sent the message's end. Most urgent first, then oldest."""
+        rows = (
+            self._connection()
+            .execute(
+                f"SELECT * FROM outbox_buffer WHERE status = 'forwarding' AND {RANK} <= ? AND ("
+                " local_state IS NULL"
+                " OR (local_state = 'failed' AND local_next_attempt_at <= ?)"
+                " OR (local_state = 'sending' AND local_claimed_until <= ?))"
+                f" ORDER BY {RANK}, created_at LIMIT ?",
+                (max_rank, now, now, limit),
+            )
+            .fetchall()
+        )
+        return [BufferedRow(**dict(row)) for row in rows]
+
+    def local_claim(self, notification_id: str, *, claim: str, now: str, until: str) -> bool:
+        """Claim a row for local delivery (``claim``: a token unique to this attempt), if it is
+        still a candidate (see :meth:`local_candidates`). True if this caller holds it now; two
+        processes never both do."""
+        cursor = self._connection().execute(
+            "UPDATE outbox_buffer SET local_state = 'sending', local_claim = ?, local_claimed_until = ?,"
+            " local_attempt_at = ?, local_attempts = local_attempts + 1"
+            " WHERE notification_id = ? AND status = 'forwarding' AND ("
+            " local_state IS NULL"
+            " OR (local_state = 'failed' AND local_next_attempt_at <= ?)"
+            " OR (local_state = 'sending' AND local_claimed_until <= ?))",
+            (claim, until, now, notification_id, now, now),
+        )
+        return cursor.rowcount == 1
+
+    def local_ending(self, notification_id: str, *, claim: str, until: str) -> bool:
+        """Record, durably and before it is sent, that the message's end is about to go to the
+        relay: from then on the row is never sent locally again. True only if ``claim`` still
+        holds the row (it was not forwarded, or re-claimed after the claim ran out)."""
+        cursor = self._connection().execute(
+            "UPDATE outbox_buffer SET local_state = 'ending', local_claimed_until = ?"
+            " WHERE notification_id = ? AND local_state = 'sending' AND local_claim = ?",
+            (until, notification_id, claim),
+        )
+        return cursor.rowcount == 1
+
+    def local_finish(
+        self, notification_id: str, *, claim: str, state: str, now: str, error: str = "", retry_at: str | None = None
+    ) -> bool:
+        """The outcome of this claim's attempt: ``delivered`` (stamps ``delivered_locally_at``),
+        ``failed`` (tried again from ``retry_at``) or ``unknown``. True if the row was still
+        this claim's."""
+        delivered_at = now if state == LOCAL_DELIVERED else None
+        cursor = self._connection().execute(
+            "UPDATE outbox_buffer SET local_state = ?, local_error = ?, local_next_attempt_at = ?,"
+            " delivered_locally_at = COALESCE(?, delivered_locally_at), local_claimed_until = NULL"
+            " WHERE notification_id = ? AND local_claim = ? AND local_state IN ('sending', 'ending')",
+            (state, error, retry_at, delivered_at, notification_id, claim),
+        )
+        return cursor.rowcount == 1
+
+    def local_expire_endings(self, *, now: str) -> int:
+        """Rows whose message end went to the relay under a claim that ran out (the agent was
+        stopped or killed waiting for the relay's answer) become ``unknown``: never sent again.
+        Returns how many."""
+        return (
+            self._connection()
+            .execute(
+                "UPDATE outbox_buffer SET local_state = 'unknown', local_claimed_until = NULL,"
+                " local_error = 'the agent stopped while the relay was receiving the message end; its answer is"
+                " unknown, so it is not sent again' WHERE local_state = 'ending' AND local_claimed_until <= ?",
+                (now,),
+            )
+            .rowcount
+        )
+
+    def local_counts(self) -> dict[str, int]:
+        """How many buffered rows are in each local delivery state (absent states are 0)."""
+        counts = dict.fromkeys((LOCAL_SENDING, LOCAL_ENDING, LOCAL_DELIVERED, LOCAL_FAILED, LOCAL_UNKNOWN), 0)
+        for state, count in self._connection().execute(
+            "SELECT local_state, COUNT(*) FROM outbox_buffer WHERE local_state IS NOT NULL GROUP BY local_state"
+        ):
+            counts[state] = count
+        return counts
+
+    # --- watchdogs ------------------------------------------------------------------------------
+
+    def watchdog_ping(self, *, name: str, every_seconds: int, list_name: str, type: str, pinged_at: str) -> None:
+        """Keep ``pinged_at`` as the latest ping of watchdog ``name`` (one row per name, one
+        autocommitted statement)."""
+        self._connection().execute(
+            "INSERT INTO outbox_watchdogs (name, every_seconds, list_name, type, pinged_at) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET every_seconds = excluded.every_seconds,"
+            " list_name = excluded.list_name, type = excluded.type, pinged_at = excluded.pinged_at",
+            (name, every_seconds, list_name, type, pinged_at),
+        )
+
+    def watchdogs(self) -> list[WatchdogPing]:
+        """Every watchdog's latest ping, by name."""
+        rows = self._connection().execute("SELECT * FROM outbox_watchdogs ORDER BY name").fetchall()
+        return [WatchdogPing(**dict(row)) for row in rows]
+
+    def watchdogs_unsent(self) -> list[WatchdogPing]:
+        """Watchdogs whose latest ping central has not taken yet, by name."""
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT * FROM outbox_watchdogs WHERE sent_pinged_at IS NULL OR sent_pinged_at <> pinged_at"
+                " ORDER BY name"
+            )
+            .fetchall()
+        )
+        return [WatchdogPing(**dict(row)) for row in rows]
+
+    def watchdog_sent(self, name: str, *, pinged_at: str) -> None:
+        """Central has taken the ping of ``pinged_at``; a newer ping stays to be sent."""
+        self._connection().execute("UPDATE outbox_watchdogs SET sent_pinged_at = ? WHERE name = ?", (pinged_at, name))
+
+    # --- acknowledgements from central -----------------------------------------------------------
+
+    def acknowledgements(
+        self, *, since: str | None = None, consume: bool = False, now: str = ""
+    ) -> list[Acknowledgement]:
+        """Stored acknowledgements in the order they arrived, those received after ``since``
+        (the site's clock, ISO-8601 UTC text) when given. ``consume``: only those not handed
+        over yet, marked handed over (at ``now``) in the same transaction, so no caller in any
+        process ever gets one twice."""
+
+        def work(connection: sqlite3.Connection) -> list[Acknowledgement]:
+            where: list[str] = []
+            params: list[str] = []
+            if since is not None:
+                where.append("received_at > ?")
+                params.append(since)
+            if consume:
+                where.append("handed_over_at IS NULL")
+            query = "SELECT * FROM outbox_acknowledgements"
+            if where:
+                query += " WHERE " + " AND ".join(where)
+            rows = connection.execute(query + " ORDER BY id", params).fetchall()
+            if consume and rows:
+                for chunk in _chunks([str(row["id"]) for row in rows]):
+                    marks = ",".join("?" * len(chunk))
+                    connection.execute(
+                        f"UPDATE outbox_acknowledgements SET handed_over_at = ? WHERE id IN ({marks})",
+                        (now, *[int(i) for i in chunk]),
+                    )
+            return [_acknowledgement(row) for row in rows]
+
+        if consume:
+            return self._write(work)
+        return work(self._connection())
+
+    def acknowledgement_for(self, notification_id: str) -> Acknowledgement | None:
+        """The stored acknowledgement of ``notification_id``, or None."""
+        row = (
+            self._connection()
+            .execute("SELECT * FROM outbox_acknowledgements WHERE notification_id = ?", (notification_id,))
+            .fetchone()
+        )
+        return None if row is None else _acknowledgement(row)
+
+    # --- the site's own acknowledge / clear calls ---------------------------------------------------
+
+    def site_action_add(self, *, notification_id: str, action: str, body: str, now: str) -> None:
+        """Buffer an acknowledge (``ack``) or clear (``clear``) call for central, durably."""
+        self._connection().execute(
+            "INSERT INTO outbox_site_actions (notification_id, action, body, created_at, next_attempt_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (notification_id, action, body, now, now),
+        )
+
+    def site_actions_due(self, *, now: str, limit: int) -> list[SiteAction]:
+        """Calls due at ``now`` whose notification has reached central (it is no longer in this
+        buffer), oldest first."""
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT id AS action_id, notification_id, action, body, created_at, not_found, next_attempt_at,"
+                " last_error FROM outbox_site_actions a WHERE next_attempt_at <= ?"
+                " AND NOT EXISTS (SELECT 1 FROM outbox_buffer b WHERE b.notification_id = a.notification_id)"
+                " ORDER BY id LIMIT ?",
+                (now, limit),
+            )
+            .fetchall()
+        )
+        return [SiteAction(**dict(row)) for row in rows]
+
+    def site_actions_waiting(self) -> int:
+        """How many acknowledge/clear calls are buffered."""
+        return int(self._connection().execute("SELECT COUNT(*) FROM outbox_site_actions").fetchone()[0])
+
+    def site_action_sent(self, action_id: int) -> None:
+        """Central took the call (or it was dropped): forget it."""
+        self._connection().execute("DELETE FROM outbox_site_actions WHERE id = ?", (action_id,))
+
+    def site_action_retry(self, action_id: int, *, error: str, next_attempt_at: str, not_found: bool) -> None:
+        """Try the call again from ``next_attempt_at``; ``not_found`` counts a 404."""
+        self._connection().execute(
+            "UPDATE outbox_site_actions SET last_error = ?, next_attempt_at = ?, not_found = not_found + ?"
+            " WHERE id = ?",
+            (error, next_attempt_at, 1 if not_found else 0, action_id),
+        )
+
     def discard(self, notification_id: str) -> BufferedRow | None:
         """Delete a parked row. Returns the row as it was, or None if no parked row had that id."""
 
@@ -432,9 +869,18 @@ class Buffer:
 
     # --- commands from central and reports to it ----------------------------------------------
 
-    def command_execute(self, *, command_id: str, action: str, notification_id: str, now: str) -> CommandRecord:
+    def command_execute(
+        self,
+        *,
+        command_id: str,
+        action: str,
+        notification_id: str,
+        now: str,
+        details: dict[str, str | None] | None = None,
+    ) -> CommandRecord:
         """Execute an operator command once: retry (parked → forwarding, retry count reset, due
-        at once) or discard (delete the parked row). The result is stored in the same
+        at once), discard (delete the parked row) or acknowledged (store central's
+        acknowledgement, ``details``, for the plant's code). The result is stored in the same
         transaction as the change, so a command seen again (after a restart, or because its
         acknowledgement was lost) is answered from the record and never executed twice.
         Returns the record (``result`` ``done`` or ``failed`` with a ``detail`` saying why), to be
@@ -447,29 +893,14 @@ class Buffer:
                 # acknowledgement did not arrive, so send the stored result once more.
                 connection.execute("UPDATE outbox_commands SET acked_at = NULL WHERE command_id = ?", (command_id,))
                 return CommandRecord(**{**dict(known), "acked_at": None})
-            row = connection.execute(
-                "SELECT status FROM outbox_buffer WHERE notification_id = ?", (notification_id,)
-            ).fetchone()
-            status = None if row is None else row[0]
-            result, detail = "failed", ""
-            if action not in COMMAND_ACTIONS:
-                detail = f"unknown action {action[:40]!r}; this agent knows {', '.join(COMMAND_ACTIONS)}"
-            elif status is None:
-                detail = "not in this site's buffer (already forwarded or discarded, or never here)"
-            elif status != PARKED:
-                detail = "not parked at this site (it is being forwarded); nothing changed"
-            elif action == "retry":
-                connection.execute(
-                    "UPDATE outbox_buffer SET status = 'forwarding', retry_count = 0, next_attempt_at = ?"
-                    " WHERE notification_id = ? AND status = 'parked'",
-                    (now, notification_id),
+            if action == "acknowledged":
+                result, detail = self._store_acknowledgement(
+                    connection, command_id=command_id, notification_id=notification_id, now=now, details=details or {}
                 )
-                result, detail = "done", "forwarding again with the retry count reset"
             else:
-                connection.execute(
-                    "DELETE FROM outbox_buffer WHERE notification_id = ? AND status = 'parked'", (notification_id,)
+                result, detail = self._execute_operator_action(
+                    connection, action=action, notification_id=notification_id, now=now
                 )
-                result, detail = "done", "discarded at the site"
             connection.execute(
                 "INSERT INTO outbox_commands (command_id, action, notification_id, result, detail, executed_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
@@ -478,6 +909,64 @@ class Buffer:
             return CommandRecord(command_id, action, notification_id, result, detail, now, None)
 
         return self._write(work)
+
+    @staticmethod
+    def _execute_operator_action(
+        connection: sqlite3.Connection, *, action: str, notification_id: str, now: str
+    ) -> tuple[str, str]:
+        row = connection.execute(
+            "SELECT status FROM outbox_buffer WHERE notification_id = ?", (notification_id,)
+        ).fetchone()
+        status = None if row is None else row[0]
+        if action not in COMMAND_ACTIONS:
+            return "failed", f"unknown action {action[:40]!r}; this agent knows {', '.join(COMMAND_ACTIONS)}"
+        if status is None:
+            return "failed", "not in this site's buffer (already forwarded or discarded, or never here)"
+        if status != PARKED:
+            return "failed", "not parked at this site (it is being forwarded); nothing changed"
+        if action == "retry":
+            connection.execute(
+                "UPDATE outbox_buffer SET status = 'forwarding', retry_count = 0, next_attempt_at = ?"
+                " WHERE notification_id = ? AND status = 'parked'",
+                (now, notification_id),
+            )
+            return "done", "forwarding again with the retry count reset"
+        connection.execute(
+            "DELETE FROM outbox_buffer WHERE notification_id = ? AND status = 'parked'", (notification_id,)
+        )
+        return "done", "discarded at the site"
+
+    @staticmethod
+    def _store_acknowledgement(
+        connection: sqlite3.Connection,
+        *,
+        command_id: str,
+        notification_id: str,
+        now: str,
+        details: dict[str, str | None],
+    ) -> tuple[str, str]:
+        # A notification is acknowledged at most once; a second command for it (central sent a
+        # new one after the first expired) leaves the stored acknowledgement as it is.
+        stored = connection.execute(
+            "INSERT OR IGNORE INTO outbox_acknowledgements (command_id, notification_id, acknowledged_at,"
+            " acknowledged_via, acknowledged_by, note, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                command_id,
+                notification_id,
+                details.get("acknowledged_at"),
+                details.get("acknowledged_via") or "",
+                details.get("acknowledged_by") or "",
+                details.get("note") or "",
+                now,
+            ),
+        ).rowcount
+        received = parse_utc(now)
+        if received is not None:
+            forget_before = iso_utc(received - timedelta(days=ACKNOWLEDGEMENT_MEMORY_DAYS))
+            connection.execute("DELETE FROM outbox_acknowledgements WHERE received_at < ?", (forget_before,))
+        if stored:
+            return "done", "stored at the site for the plant's code"
+        return "done", "already stored at the site (acknowledged before); nothing changed"
 
     def commands_unacknowledged(self) -> list[CommandRecord]:
         """Executed commands whose result central has not acknowledged yet, oldest first."""
@@ -563,16 +1052,29 @@ class Buffer:
             (name, value),
         )
 
+    def state_delete(self, name: str) -> None:
+        """Forget the value under ``name``."""
+        self._connection().execute("DELETE FROM outbox_agent_state WHERE name = ?", (name,))
+
     # --- reads ------------------------------------------------------------------------------
 
-    def due(self, *, now: str, limit: int) -> list[BufferedRow]:
-        """Up to ``limit`` forwarding rows whose next attempt is at or before ``now``, oldest first."""
+    def due(self, *, now: str, limit: int, lane: str | None = None) -> list[BufferedRow]:
+        """Up to ``limit`` forwarding rows whose next attempt is at or before ``now``, most
+        urgent first, then oldest. ``lane`` ``"critical"`` takes only critical rows, ``"other"``
+        every other priority, None all. A row whose message end the local relay is receiving
+        right now waits for the relay's answer (so central learns it was delivered locally)."""
+        # Written on the rank expression, so the order index bounds each lane's scan.
+        lanes = {None: "", "critical": f" AND {RANK} = 0", "other": f" AND {RANK} >= 1"}
         rows = (
             self._connection()
             .execute(
-                "SELECT * FROM outbox_buffer WHERE status = 'forwarding' AND next_attempt_at <= ?"
-                " ORDER BY next_attempt_at, created_at LIMIT ?",
-                (now, limit),
+                # The order index gives the rows in sending order, so LIMIT stops the scan early;
+                # left to itself the planner may pick the due-time index and sort a whole backlog.
+                "SELECT * FROM outbox_buffer INDEXED BY outbox_buffer_order"
+                " WHERE status = 'forwarding' AND next_attempt_at <= ?"
+                f"{lanes[lane]} AND (local_state IS NOT 'ending' OR local_claimed_until <= ?)"
+                f" ORDER BY {'created_at' if lane == 'critical' else RANK + ', created_at'} LIMIT ?",
+                (now, now, limit),
             )
             .fetchall()
         )

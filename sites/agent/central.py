@@ -36,8 +36,18 @@ HEALTH_PATH = "/healthz"
 HEARTBEAT_PATH = "/api/v1/sites/heartbeat/"
 PARKED_PATH = "/api/v1/sites/parked/"
 COMMANDS_PATH = "/api/v1/sites/commands/"
+WATCHDOGS_PATH = "/api/v1/sites/watchdogs/"
 
 _MAX_ERROR_TEXT = 2000
+# last_error is shown on one line in status, doctor and central's console.
+MAX_LINE = 300
+
+
+def one_line(text: str, limit: int = MAX_LINE) -> str:
+    """``text`` with every run of whitespace (line breaks included) made one space, cut to
+    ``limit`` characters with an ellipsis."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 
 # How a connection that central (or a proxy) closed shows up; on a reused keep-alive connection
@@ -59,6 +69,7 @@ class CentralResponse:
     status: int
     headers: dict[str, str]
     body: bytes
+    reason: str = ""
 
     def json(self) -> Any:
         """The decoded JSON body, or None when there is none or it is not JSON."""
@@ -78,7 +89,8 @@ class CentralResponse:
             return None
 
     def describe(self) -> str:
-        """Central's answer as one human-readable line, for ``last_error`` and logs."""
+        """Central's answer as one short human-readable line, for ``last_error`` and logs. An
+        HTML page (a proxy's or load balancer's error page) is named, not quoted."""
         data = self.json()
         parts = [f"HTTP {self.status}"]
         if isinstance(data, dict):
@@ -88,9 +100,20 @@ class CentralResponse:
                 parts.append(str(data["detail"]))
             if data.get("errors"):
                 parts.append(describe_errors(data["errors"]))
+        elif self._is_html():
+            reason = f" {self.reason}" if self.reason else ""
+            return f"HTTP {self.status}{reason} from a proxy or web server (HTML page), not from central's API"
         elif self.body:
-            parts.append(self.body[:300].decode("utf-8", "replace").strip())
-        return ": ".join(parts)[:_MAX_ERROR_TEXT]
+            parts.append(self.body[:MAX_LINE].decode("utf-8", "replace"))
+        if len(parts) == 1 and self.reason:
+            return f"HTTP {self.status} {one_line(self.reason, 80)}"
+        return one_line(": ".join(parts))
+
+    def _is_html(self) -> bool:
+        if "html" in self.headers.get("content-type", "").lower():
+            return True
+        # Central's API answers JSON; a body starting with a tag is some proxy's page.
+        return self.body[:200].lstrip().startswith(b"<")
 
 
 def describe_errors(errors: object) -> str:
@@ -394,6 +417,7 @@ class CentralClient:
             status=response.status,
             headers={name.lower(): value for name, value in response.getheaders()},
             body=data,
+            reason=response.reason or "",
         )
         if response.will_close:
             self._drop(connection)
@@ -407,7 +431,7 @@ class CentralClient:
         hint = ""
         if isinstance(error, ssl.SSLCertVerificationError):
             hint = " — if central's certificate comes from a private CA, set OUTBOX_CA_FILE (--ca-file)"
-        return f"central unreachable ({where}): {type(error).__name__}: {text}{hint}"[:_MAX_ERROR_TEXT]
+        return one_line(f"central unreachable ({where}): {type(error).__name__}: {text}{hint}", 2 * MAX_LINE)
 
     # --- the API ----------------------------------------------------------------------------
 
@@ -439,6 +463,15 @@ class CentralClient:
         """POST the result of one executed operator command."""
         body = json.dumps({"result": result, "detail": detail}, ensure_ascii=False, separators=(",", ":"))
         return self.request("POST", f"{COMMANDS_PATH}{quote(str(command_id))}/ack/", body)
+
+    def post_watchdog(self, ping: dict[str, Any]) -> CentralResponse:
+        """POST one watchdog's latest ping."""
+        return self.request("POST", WATCHDOGS_PATH, json.dumps(ping, ensure_ascii=False, separators=(",", ":")))
+
+    def post_site_action(self, notification_id: str, action: str, body: str) -> CentralResponse:
+        """POST the site's acknowledgement (``action`` ``ack``) or clearing (``clear``) of one
+        of its notifications; ``body`` is the stored JSON text."""
+        return self.request("POST", f"{NOTIFICATIONS_PATH}{quote(str(notification_id))}/{action}/", body)
 
     def check_key(self) -> CentralResponse:
         """An authenticated read that changes nothing: the site's newest notification."""

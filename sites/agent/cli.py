@@ -1,12 +1,15 @@
 """``python -m sites.agent`` (or ``python outbox-agent.pyz``, or ``outbox-agent``): operator
 commands for a site's outbox buffer.
 
-Configuration comes from flags or the environment: ``--db`` / ``OUTBOX_AGENT_DB``,
-``--central-url`` / ``OUTBOX_CENTRAL_URL``, ``--key`` / ``OUTBOX_SITE_KEY`` (prefer the
-environment for the key: command lines are visible to every local user), ``--ca-file`` /
-``OUTBOX_CA_FILE``, ``--client-cert`` / ``OUTBOX_CLIENT_CERT``, ``--client-key`` /
-``OUTBOX_CLIENT_KEY``, ``--proxy`` / ``HTTPS_PROXY`` or ``HTTP_PROXY``, ``--no-proxy`` /
-``NO_PROXY``, ``--max-body-bytes`` / ``OUTBOX_MAX_BODY_BYTES``.
+Configuration comes from flags, the environment, and a JSON configuration file
+(``--config FILE`` / ``OUTBOX_AGENT_CONFIG``), in that order of precedence: ``--db`` /
+``OUTBOX_AGENT_DB`` / ``"db"``, ``--central-url`` / ``OUTBOX_CENTRAL_URL`` / ``"central_url"``,
+``--key`` / ``OUTBOX_SITE_KEY`` / ``"key"`` (prefer the environment or a file only its user can
+read: command lines are visible to every local user), ``--ca-file`` / ``OUTBOX_CA_FILE``,
+``--client-cert`` / ``OUTBOX_CLIENT_CERT``, ``--client-key`` / ``OUTBOX_CLIENT_KEY``, ``--proxy`` /
+``HTTPS_PROXY`` or ``HTTP_PROXY``, ``--no-proxy`` / ``NO_PROXY``, ``--max-body-bytes`` /
+``OUTBOX_MAX_BODY_BYTES``, the ``forward`` settings, and the local fallback relay
+(``"fallback"``, the file only). See :data:`CONFIG_KEYS` and docs/site-agent.md.
 
 Exit status: 0 done; 1 the notification is unknown or not in the state the command needs, or a
 ``doctor`` check failed; 2 usage or configuration error; 3 central rejected the site credential;
@@ -21,14 +24,21 @@ import logging
 import os
 import sqlite3
 import sys
+import uuid
 from typing import Any, Callable
 
 from sites.agent import __version__
-from sites.agent.central import CentralClient, CentralUnreachable
-from sites.agent.contract import MAX_BODY_BYTES
+from sites.agent.central import (
+    CentralClient,
+    CentralUnreachable,
+    no_proxy_from_environment,
+    proxy_from_environment,
+)
+from sites.agent.contract import MAX_BODY_BYTES, PRIORITIES
 from sites.agent.doctor import doctor_failed, doctor_run
+from sites.agent.fallback import fallback_config
 from sites.agent.forwarder import CredentialRejected, ForwardResult
-from sites.agent.outbox import AgentNotConfigured, SiteOutbox
+from sites.agent.outbox import FINAL_STATUSES, AgentNotConfigured, SiteOutbox
 from sites.agent.standby import RPO_SECONDS, StandbyError, litestream_config, replica_from, standby_restore
 from sites.agent.stopping import StopSignal
 
@@ -45,7 +55,30 @@ ENV_CLIENT_KEY = "OUTBOX_CLIENT_KEY"
 ENV_MAX_BODY_BYTES = "OUTBOX_MAX_BODY_BYTES"
 ENV_HEARTBEAT = "OUTBOX_AGENT_HEARTBEAT"
 ENV_LITESTREAM_NAME = "OUTBOX_LITESTREAM"
+ENV_CONFIG = "OUTBOX_AGENT_CONFIG"
 DEFAULT_HEARTBEAT = 30.0
+
+# The configuration file's settings: name -> (the JSON types it takes, the flag's default).
+# Flags and environment variables win over the file.
+CONFIG_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
+    "db": ((str,), None),
+    "central_url": ((str,), None),
+    "key": ((str,), None),
+    "site_id": ((str,), None),
+    "ca_file": ((str,), None),
+    "client_cert": ((str,), None),
+    "client_key": ((str,), None),
+    "proxy": ((str,), None),
+    "no_proxy": ((str,), None),
+    "max_body_bytes": ((int,), MAX_BODY_BYTES),
+    "sweep_interval": ((int, float), 10.0),
+    "retry_interval": ((int, float), 30.0),
+    "max_retries": ((int,), 50),
+    "batch_size": ((int,), 500),
+    "timeout": ((int, float), 10.0),
+    "heartbeat_interval": ((int, float), DEFAULT_HEARTBEAT),
+    "fallback": ((dict,), None),
+}
 
 
 class ConfigError(Exception):
@@ -72,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Site outbox agent: buffer notifications locally and forward them to central.",
     )
     parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument(
+        "--config", help=f"JSON configuration file; flags and the environment win over it (${ENV_CONFIG})"
+    )
     parser.add_argument("--db", help=f"SQLite buffer file (default: ${ENV_DB})")
     parser.add_argument("--central-url", help=f"central's base URL, e.g. https://outbox.example.com (${ENV_URL})")
     parser.add_argument("--key", help=f"the site API key (default: ${ENV_KEY}; prefer the environment)")
@@ -102,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--type-data", help="JSON object with per-type extras")
     send.add_argument("--source-instance-id")
     send.add_argument("--source-script")
+    send.add_argument("--priority", default="normal", help=f"{' | '.join(PRIORITIES)} (normal)")
+    send.add_argument("--dedup-key", help="central suppresses repeats with the same key (see its list settings)")
 
     status = commands.add_parser("status", help="where a notification is: Forwarding, Parked, or central's status")
     status.add_argument("notification_id")
@@ -109,11 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     forward = commands.add_parser("forward", help="forward buffered notifications until SIGTERM/SIGINT")
     forward.add_argument("--once", action="store_true", help="one sweep, then exit")
-    forward.add_argument("--sweep-interval", type=float, default=10, help="seconds between sweeps (10)")
-    forward.add_argument("--retry-interval", type=float, default=30, help="seconds before a failed row is retried (30)")
-    forward.add_argument("--max-retries", type=int, default=50, help="park after this many failures; 0 = never (50)")
-    forward.add_argument("--batch-size", type=int, default=500, help="notifications per batch request (500)")
-    forward.add_argument("--timeout", type=float, default=10, help="seconds to wait for central (10)")
+    forward.add_argument("--sweep-interval", type=float, help="seconds between sweeps (10)")
+    forward.add_argument("--retry-interval", type=float, help="seconds before a failed row is retried (30)")
+    forward.add_argument(
+        "--max-retries",
+        type=int,
+        help="park after this many answers outside central's contract (never for an outage); 0 = never (50)",
+    )
+    forward.add_argument("--batch-size", type=int, help="notifications per batch request (500)")
+    forward.add_argument("--timeout", type=float, help="seconds to wait for central (10)")
     forward.add_argument(
         "--heartbeat-interval",
         type=float,
@@ -132,6 +174,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = commands.add_parser("stats", help="buffered and parked counts")
     stats.add_argument("--json", action="store_true")
+
+    watchdog = commands.add_parser("watchdog", help="ping a watchdog: this script is alive (sent by the forwarder)")
+    watchdog.add_argument("name")
+    watchdog.add_argument("--every", type=int, required=True, help="seconds between pings the script promises")
+    watchdog.add_argument("--list", required=True, dest="list_name", help="who hears when the pings stop")
+    watchdog.add_argument("--type", default="email", help="the channel of that notification (email)")
+
+    acknowledgements = commands.add_parser(
+        "acknowledgements", help="acknowledgements central sent for this site's notifications"
+    )
+    acknowledgements.add_argument("--since", help="only those this site received after this ISO-8601 time")
+    acknowledgements.add_argument(
+        "--consume", action="store_true", help="only those not handed over yet, and mark them handed over"
+    )
+    acknowledgements.add_argument("--json", action="store_true")
+
+    acknowledge = commands.add_parser("acknowledge", help="the plant acknowledged a notification (sent to central)")
+    acknowledge.add_argument("notification_id")
+    acknowledge.add_argument("--by", default="", help="who acknowledged it")
+    acknowledge.add_argument("--note", default="")
+
+    clear = commands.add_parser("clear", help="the alarm behind a notification returned to normal (sent to central)")
+    clear.add_argument("notification_id")
+    clear.add_argument("--note", default="")
 
     def replica_options(command: argparse.ArgumentParser) -> None:
         command.add_argument(
@@ -154,35 +220,85 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--force", action="store_true", help="replace an existing buffer file at --db")
 
     doctor = commands.add_parser(
-        "doctor", help="check central, the key, the clock, SQLite, the buffer and the disk (OK/WARN/FAIL)"
+        "doctor",
+        help="check central, the key, the clock, SQLite, the buffer, forwarding, the disk and the local relay "
+        "(OK/WARN/FAIL)",
     )
-    doctor.add_argument("--timeout", type=float, default=10, help="seconds to wait for central (10)")
+    doctor.add_argument("--timeout", type=float, help="seconds to wait for central (10)")
     doctor.add_argument("--json", action="store_true", help="print the checks as a JSON list")
     return parser
 
 
-def _setting(value: str | None, variable: str, what: str) -> str:
-    value = value or os.environ.get(variable, "").strip()
+def load_config(path: str | None) -> dict[str, Any]:
+    """The settings of the JSON configuration file at ``path`` (None or empty: none), checked
+    against :data:`CONFIG_KEYS`. ConfigError naming the file and the problem."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as error:
+        raise ConfigError(f"cannot read the configuration file {path} ({ENV_CONFIG} / --config): {error}") from None
+    except ValueError as error:
+        raise ConfigError(f"the configuration file {path} is not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"the configuration file {path} must hold a JSON object")
+    for name, value in data.items():
+        if name not in CONFIG_KEYS:
+            raise ConfigError(
+                f"the configuration file {path}: unknown setting {name!r} (known: {', '.join(CONFIG_KEYS)})"
+            )
+        types, _default = CONFIG_KEYS[name]
+        if isinstance(value, bool) or not isinstance(value, types):
+            names = {"int": "whole number", "float": "number", "dict": "JSON object"}
+            wanted = names.get(types[-1].__name__, types[-1].__name__)
+            raise ConfigError(f"the configuration file {path}: {name} must be a {wanted}, got {value!r}")
+    return data
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    if not hasattr(args, "config_values"):
+        args.config_values = load_config(args.config or os.environ.get(ENV_CONFIG, "").strip() or None)
+    return dict(args.config_values)
+
+
+def _optional(args: argparse.Namespace, name: str, variable: str | None) -> Any:
+    """The setting ``name``: its flag, else the environment ``variable``, else the
+    configuration file, else None."""
+    flag = getattr(args, name, None)
+    if flag is not None and flag != "":
+        return flag
+    if variable:
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return value
+    return _config(args).get(name)
+
+
+def _setting(args: argparse.Namespace, name: str, variable: str, what: str) -> str:
+    value = _optional(args, name, variable)
     if not value:
-        raise ConfigError(f"{what} is not configured: set {variable} or pass the flag")
-    return value
-
-
-def _optional(value: str | None, variable: str) -> str | None:
-    return value or os.environ.get(variable, "").strip() or None
+        raise ConfigError(f"{what} is not configured: set {variable}, pass the flag, or set {name!r} in --config")
+    return str(value)
 
 
 def network_options(args: argparse.Namespace) -> dict[str, Any]:
-    """TLS and proxy keyword arguments for SiteOutbox/CentralClient from flags and environment."""
+    """TLS and proxy keyword arguments for SiteOutbox/CentralClient from flags, environment and
+    the configuration file."""
     proxy = args.proxy
+    if proxy is None and not (proxy_from_environment("https") or proxy_from_environment("http")):
+        proxy = _config(args).get("proxy")
     if proxy is not None and proxy.strip().lower() in ("", "none", "direct"):
         proxy = ""
+    no_proxy = args.no_proxy
+    if no_proxy is None and not no_proxy_from_environment():
+        no_proxy = _config(args).get("no_proxy")
     return {
-        "ca_file": _optional(args.ca_file, ENV_CA_FILE),
-        "client_cert": _optional(args.client_cert, ENV_CLIENT_CERT),
-        "client_key": _optional(args.client_key, ENV_CLIENT_KEY),
+        "ca_file": _optional(args, "ca_file", ENV_CA_FILE),
+        "client_cert": _optional(args, "client_cert", ENV_CLIENT_CERT),
+        "client_key": _optional(args, "client_key", ENV_CLIENT_KEY),
         "proxy": proxy,  # None: from the environment
-        "no_proxy": args.no_proxy,
+        "no_proxy": no_proxy,  # None: from the environment
     }
 
 
@@ -191,45 +307,62 @@ def _max_body_bytes(args: argparse.Namespace) -> int:
         return int(args.max_body_bytes)
     text = os.environ.get(ENV_MAX_BODY_BYTES, "").strip()
     if not text:
-        return MAX_BODY_BYTES
+        return int(_config(args).get("max_body_bytes", MAX_BODY_BYTES))
     try:
         return int(text)
     except ValueError:
         raise ConfigError(f"{ENV_MAX_BODY_BYTES} must be a whole number of bytes, got {text!r}") from None
 
 
-def _heartbeat_interval(value: float | None) -> float:
+def _heartbeat_interval(args: argparse.Namespace) -> float:
+    value = args.heartbeat_interval
     if value is None:
         text = os.environ.get(ENV_HEARTBEAT, "").strip()
         if not text:
-            return DEFAULT_HEARTBEAT
-        try:
-            value = float(text)
-        except ValueError:
-            raise ConfigError(f"{ENV_HEARTBEAT} must be a number of seconds, got {text!r}") from None
+            value = float(_config(args).get("heartbeat_interval", DEFAULT_HEARTBEAT))
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ConfigError(f"{ENV_HEARTBEAT} must be a number of seconds, got {text!r}") from None
     if value < 0:
         raise ConfigError(f"the heartbeat interval must be 0 (none) or more seconds, got {value:g}")
-    return value
+    return float(value)
+
+
+def _forward_setting(args: argparse.Namespace, name: str) -> Any:
+    """A ``forward`` setting: its flag, else the configuration file, else the default."""
+    flag = getattr(args, name, None)
+    if flag is not None:
+        return flag
+    return _config(args).get(name, CONFIG_KEYS[name][1])
+
+
+def _fallback(args: argparse.Namespace) -> dict[str, Any] | None:
+    value = _config(args).get("fallback")
+    return None if value is None else dict(value)
 
 
 def open_outbox(args: argparse.Namespace, *, needs_central: bool, **options: Any) -> SiteOutbox:
-    """A SiteOutbox from flags and environment; ConfigError naming what is missing or wrong."""
-    db = _setting(args.db, ENV_DB, "the buffer database (--db)")
+    """A SiteOutbox from flags, environment and configuration file; ConfigError naming what is
+    missing or wrong."""
+    db = _setting(args, "db", ENV_DB, "the buffer database (--db)")
     url: str | None
     key: str | None
     if needs_central:
-        url = _setting(args.central_url, ENV_URL, "central's URL (--central-url)")
-        key = _setting(args.key, ENV_KEY, "the site API key (--key)")
+        url = _setting(args, "central_url", ENV_URL, "central's URL (--central-url)")
+        key = _setting(args, "key", ENV_KEY, "the site API key (--key)")
     else:
-        url = args.central_url or os.environ.get(ENV_URL) or None
-        key = args.key or os.environ.get(ENV_KEY) or None
+        url = _optional(args, "central_url", ENV_URL) or None
+        key = _optional(args, "key", ENV_KEY) or None
     try:
         return SiteOutbox(
             db,
             url,
             key,
-            site_id=args.site_id,
+            site_id=_optional(args, "site_id", None),
             max_body_bytes=_max_body_bytes(args),
+            fallback=_fallback(args),
             **network_options(args),
             **options,
         )
@@ -279,6 +412,8 @@ def command_send(args: argparse.Namespace) -> int:
                 source_script=args.source_script,
                 type=args.type,
                 type_data=type_data,
+                priority=args.priority,
+                dedup_key=args.dedup_key,
             )
         except (TypeError, ValueError) as error:
             raise ConfigError(str(error)) from None
@@ -304,12 +439,27 @@ def command_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        where = "at this site" if record.get("location") == "site" else "at central"
-        print(f"{record['status']} ({where})")
-        for name, value in record.items():
-            if name not in ("status", "location") and value not in (None, ""):
-                print(f"  {name}: {value}")
+        print(status_text(record))
     return EXIT_OK
+
+
+def status_text(record: dict[str, Any]) -> str:
+    """A status record as printed: the status and where, then one line per field that says
+    something (nested records as JSON)."""
+    where = "at this site" if record.get("location") == "site" else "at central"
+    heading = f"{record['status']} ({where})"
+    if record.get("status") in FINAL_STATUSES and record.get("location") == "central":
+        heading += " — final"
+        if record.get("status") == "Suppressed":
+            heading += f": kept by central without sending it ({record.get('suppressed_by') or 'reason not given'})"
+    lines = [heading]
+    for name, value in record.items():
+        if name in ("status", "location", "final") or value in (None, "", [], {}):
+            continue
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, ensure_ascii=False)
+        lines.append(f"  {name}: {value}")
+    return "\n".join(lines)
 
 
 def command_forward(args: argparse.Namespace) -> int:
@@ -318,12 +468,12 @@ def command_forward(args: argparse.Namespace) -> int:
     outbox = open_outbox(
         args,
         needs_central=True,
-        sweep_interval=args.sweep_interval,
-        retry_interval=args.retry_interval,
-        max_retries=args.max_retries,
-        batch_size=args.batch_size,
-        timeout=args.timeout,
-        heartbeat_interval=_heartbeat_interval(args.heartbeat_interval),
+        sweep_interval=_forward_setting(args, "sweep_interval"),
+        retry_interval=_forward_setting(args, "retry_interval"),
+        max_retries=_forward_setting(args, "max_retries"),
+        batch_size=_forward_setting(args, "batch_size"),
+        timeout=_forward_setting(args, "timeout"),
+        heartbeat_interval=_heartbeat_interval(args),
     )
 
     def progress(result: ForwardResult) -> None:
@@ -344,7 +494,17 @@ def command_forward(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.once:
-            result = outbox.forward_once(stop_event=stop, progress=progress)
+            try:
+                result = outbox.forward_once(stop_event=stop, progress=progress)
+            finally:
+                # A refused key counts as central unreachable: the local relay still gets its turn.
+                local = outbox.deliver_locally_once(stop_event=stop)
+                if local.active:
+                    print(
+                        f"central unreachable: local relay delivered {local.delivered}, failed {local.failed}, "
+                        f"unknown {local.unknown}",
+                        flush=True,
+                    )
             print(f"done: {json.dumps(result.as_dict())}", flush=True)
             return EXIT_OK
         outbox.run_forever(stop, progress=progress)
@@ -360,7 +520,7 @@ def _replica(args: argparse.Namespace) -> Any:
 
 def command_standby_config(args: argparse.Namespace) -> int:
     """Print Litestream's configuration for replicating this buffer to the replica."""
-    db = _setting(args.db, ENV_DB, "the buffer database (--db)")
+    db = _setting(args, "db", ENV_DB, "the buffer database (--db)")
     try:
         print(litestream_config(db_path=db, replica=_replica(args)), end="")
     except StandbyError as error:
@@ -370,7 +530,7 @@ def command_standby_config(args: argparse.Namespace) -> int:
 
 def command_restore(args: argparse.Namespace) -> int:
     """Rebuild the buffer from the replica (on the standby, before its forwarder starts)."""
-    db = _setting(args.db, ENV_DB, "the buffer database (--db)")
+    db = _setting(args, "db", ENV_DB, "the buffer database (--db)")
     try:
         replica = _replica(args)
     except StandbyError as error:
@@ -387,22 +547,31 @@ def command_restore(args: argparse.Namespace) -> int:
 
 def command_doctor(args: argparse.Namespace) -> int:
     """Run every check; exit 1 when one failed."""
-    db = _optional(args.db, ENV_DB)
-    url = _optional(args.central_url, ENV_URL)
-    key = _optional(args.key, ENV_KEY)
+    db = _optional(args, "db", ENV_DB)
+    url = _optional(args, "central_url", ENV_URL)
+    key = _optional(args, "key", ENV_KEY)
+    timeout = args.timeout if args.timeout is not None else float(_config(args).get("timeout", 10.0))
     client = None
     config_error = None
     if url and key:
         try:
-            client = CentralClient(url, key, timeout=args.timeout, **network_options(args))
+            client = CentralClient(url, key, timeout=timeout, **network_options(args))
         except ValueError as error:
             config_error = str(error)
     elif url:
         config_error = f"the site API key is not configured: set {ENV_KEY} or pass --key"
     elif key:
         config_error = f"central's URL is not configured: set {ENV_URL} or pass --central-url"
+    fallback: Any = None
+    fallback_error = None
     try:
-        checks = doctor_run(db_path=db, client=client, config_error=config_error)
+        fallback = fallback_config(_fallback(args))
+    except ValueError as error:
+        fallback_error = str(error)
+    try:
+        checks = doctor_run(
+            db_path=db, client=client, config_error=config_error, fallback=fallback, fallback_error=fallback_error
+        )
     finally:
         if client is not None:
             client.close()
@@ -465,8 +634,61 @@ def command_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def command_watchdog(args: argparse.Namespace) -> int:
+    """Record a watchdog ping; the forwarder sends it."""
+    with open_outbox(args, needs_central=False) as outbox:
+        try:
+            outbox.watchdog(args.name, args.every, args.list_name, type=args.type)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(str(error)) from None
+    return EXIT_OK
+
+
+def command_acknowledgements(args: argparse.Namespace) -> int:
+    """Print the acknowledgements central sent, oldest first."""
+    with open_outbox(args, needs_central=False) as outbox:
+        try:
+            records = outbox.acknowledgements(args.since, consume=args.consume)
+        except ValueError as error:
+            raise ConfigError(f"--since: {error}") from None
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_OK
+    for record in records:
+        by = f" by {record['acknowledged_by']}" if record["acknowledged_by"] else ""
+        note = f" — {record['note']}" if record["note"] else ""
+        print(
+            f"{record['notification_id']}  acknowledged {record['acknowledged_at']} via "
+            f"{record['acknowledged_via'] or '?'}{by}{note}  (received {record['received_at']})"
+        )
+    return EXIT_OK
+
+
+def command_acknowledge(args: argparse.Namespace) -> int:
+    """Buffer the plant's acknowledgement for central."""
+    with open_outbox(args, needs_central=False) as outbox:
+        _by_id(
+            lambda notification_id: outbox.acknowledge(notification_id, by=args.by, note=args.note),
+            args.notification_id,
+        )
+    print(f"acknowledgement of {args.notification_id} buffered; the forwarder sends it to central")
+    return EXIT_OK
+
+
+def command_clear(args: argparse.Namespace) -> int:
+    """Buffer the plant's clearing for central."""
+    with open_outbox(args, needs_central=False) as outbox:
+        _by_id(lambda notification_id: outbox.clear(notification_id, note=args.note), args.notification_id)
+    print(f"clearing of {args.notification_id} buffered; the forwarder sends it to central")
+    return EXIT_OK
+
+
 def _by_id(action: Callable[[str], Any], notification_id: str) -> Any:
     try:
-        return action(notification_id)
+        uuid.UUID(notification_id)
     except ValueError as error:
         raise ConfigError(f"{notification_id!r} is not a notification id: {error}") from None
+    try:
+        return action(notification_id)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(str(error)) from None

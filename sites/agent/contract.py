@@ -29,12 +29,32 @@ MAX_LENGTHS = {
     "source_instance_id": 200,
     "source_script": 200,
     "source_site_id": 64,
+    "dedup_key": 200,
+    "watchdog name": 200,
+    "by": 200,
+    "note": 1000,
 }
 MAX_TYPE_DATA_CHARS = 65_536
 MAX_TYPE_DATA_DEPTH = 20
 SINGLE_LINE_FIELDS = frozenset(
-    {"type", "list_name", "subject", "source_instance_id", "source_script", "source_site_id"}
+    {
+        "type",
+        "list_name",
+        "subject",
+        "source_instance_id",
+        "source_script",
+        "source_site_id",
+        "dedup_key",
+        "watchdog name",
+        "by",
+    }
 )
+
+# Most urgent first: the forwarder takes its buffer in this order, then by age.
+PRIORITIES = ("critical", "high", "normal", "low")
+DEFAULT_PRIORITY = "normal"
+# Central takes watchdog intervals in whole seconds; a day is the longest a dead-man switch is useful.
+MAX_WATCHDOG_SECONDS = 7 * 24 * 3600
 
 
 class InvalidNotification(ValueError):
@@ -110,6 +130,58 @@ def check_list_name(name: object) -> str:
     return name
 
 
+def check_priority(priority: object) -> str:
+    """``priority`` if it is one of :data:`PRIORITIES`; TypeError for a non-string,
+    :class:`InvalidNotification` naming the field otherwise."""
+    if not isinstance(priority, str):
+        raise TypeError(f"priority must be a str, not {type(priority).__name__}")
+    if priority not in PRIORITIES:
+        raise InvalidNotification("priority", f"must be one of {', '.join(PRIORITIES)} (got {priority[:40]!r})")
+    return priority
+
+
+def priority_rank(priority: str) -> int:
+    """0 for ``critical`` … 3 for ``low``: the order the forwarder sends in."""
+    return PRIORITIES.index(priority)
+
+
+def check_dedup_key(dedup_key: object) -> str | None:
+    """``dedup_key`` (None: not given) if central would accept it: one line, at most 200
+    characters, not blank."""
+    if dedup_key is None:
+        return None
+    check_text("dedup_key", dedup_key)
+    assert isinstance(dedup_key, str)
+    if not dedup_key.strip():
+        raise InvalidNotification("dedup_key", "must not be blank (leave it out, None, for no de-duplication)")
+    return dedup_key
+
+
+def check_watchdog(*, name: object, every_seconds: object, list_name: object, type: object) -> None:
+    """A watchdog ping central would accept: a one-line name of at most 200 characters, a whole
+    number of seconds from 1 up to a week, a valid list name and type."""
+    check_text("watchdog name", name)
+    assert isinstance(name, str)
+    if not name.strip():
+        raise InvalidNotification("watchdog name", "must not be blank")
+    if isinstance(every_seconds, bool) or not isinstance(every_seconds, int):
+        raise TypeError(f"every_seconds must be an int (whole seconds), not {type_name(every_seconds)}")
+    if not 1 <= every_seconds <= MAX_WATCHDOG_SECONDS:
+        raise InvalidNotification(
+            "every_seconds", f"must be from 1 to {MAX_WATCHDOG_SECONDS:,} seconds (got {every_seconds:,})"
+        )
+    check_list_name(list_name)
+    check_text("type", type)
+    assert isinstance(type, str)
+    if not type.strip():
+        raise InvalidNotification("type", "must not be blank")
+
+
+def type_name(value: object) -> str:
+    """The name of ``value``'s type, for messages."""
+    return value.__class__.__name__
+
+
 def _json_problem(value: object, depth: int = 0) -> str | None:
     if depth > MAX_TYPE_DATA_DEPTH:
         return f"is nested more than {MAX_TYPE_DATA_DEPTH} levels deep"
@@ -181,15 +253,20 @@ def notification_payload(
     site_id: str | None,
     enqueued_at: str,
     max_body_bytes: int = MAX_BODY_BYTES,
+    priority: str = DEFAULT_PRIORITY,
+    dedup_key: str | None = None,
 ) -> tuple[str, str]:
     """A new notification id and the JSON text of its POST body (the ingest API, docs/api.md).
 
     Every field is checked against central's contract first (TypeError or
     :class:`InvalidNotification`), and the encoded body against ``max_body_bytes``. The text is
     stored and sent as it is, so a resend is byte-for-byte the same notification and central
-    answers it as a replay.
+    answers it as a replay. ``priority`` and ``dedup_key`` are in the body only when they are
+    not the default (a central older than them never sees them unless they are used).
     """
     check_list_name(list_name)
+    check_priority(priority)
+    check_dedup_key(dedup_key)
     check_text("type", type)
     if not type.strip():
         raise InvalidNotification("type", "must not be blank")
@@ -215,6 +292,10 @@ def notification_payload(
     }
     if site_id:
         payload["source_site_id"] = site_id
+    if priority != DEFAULT_PRIORITY:
+        payload["priority"] = priority
+    if dedup_key is not None:
+        payload["dedup_key"] = dedup_key
     text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     size = len(text.encode("utf-8"))
     if size > max_body_bytes:

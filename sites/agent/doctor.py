@@ -1,10 +1,13 @@
 """``doctor``: can this site's agent do its job? One line per check, OK / WARN / FAIL.
 
 Checks, in order: the Python and SQLite the agent runs on, the buffer file (journal mode, rows
-waiting, parked rows), free disk next to it, whether central answers (its health check), whether
-central accepts the site key (an authenticated read that changes nothing), and the clock skew
-against central's ``Date`` header. Nothing is sent and nothing in the buffer changes (a buffer
-file that does not exist yet is not created).
+waiting, parked rows), how forwarding stands as the forwarder last recorded it in the buffer
+(held by a refused key, central unreachable, rate-limited, rows central keeps failing on), free
+disk next to the buffer, whether central answers (its health check), whether central accepts
+the site key (an authenticated read that changes nothing), the clock skew against central's
+``Date`` header, and — when one is configured — the local fallback relay (it is connected to,
+greeted and logged in to, then left: nothing is sent) and what it has done. Nothing is sent and
+nothing in the buffer changes (a buffer file that does not exist yet is not created).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import smtplib
 import sqlite3
 import sys
 import time
@@ -19,8 +23,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
-from sites.agent.buffer import MIN_SQLITE_VERSION, Buffer, sqlite_has_returning, utc_now
+from sites.agent.buffer import LOCAL_FAILED, MIN_SQLITE_VERSION, Buffer, iso_utc, sqlite_has_returning, utc_now
 from sites.agent.central import CentralClient, CentralResponse, CentralUnreachable
+from sites.agent.fallback import FallbackConfig, relay_check
+from sites.agent.state import LinkState
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -83,8 +89,9 @@ def check_sqlite() -> Check:
     return Check("sqlite", OK, f"SQLite {version} (uses {returning})")
 
 
-def check_buffer(db_path: str | None, *, now: datetime) -> list[Check]:
-    """The buffer file: journal mode (WAL expected) and what it holds."""
+def check_buffer(db_path: str | None, *, now: datetime, fallback: FallbackConfig | None = None) -> list[Check]:
+    """The buffer file: journal mode (WAL expected), what it holds, and how forwarding stands
+    (with the local fallback's record when ``fallback`` is configured)."""
     if not db_path:
         return [Check("buffer", FAIL, "not configured: set OUTBOX_AGENT_DB or pass --db")]
     if not os.path.exists(db_path):
@@ -101,6 +108,8 @@ def check_buffer(db_path: str | None, *, now: datetime) -> list[Check]:
         counts = buffer.counts()
         oldest = buffer.oldest_forwarding()
         size = buffer.file_bytes()
+        forwarding_check = check_forwarding(buffer, now=now)
+        local = check_fallback_record(buffer, fallback, now=now) if fallback is not None else []
     except sqlite3.Error as error:
         return [Check("buffer", FAIL, f"cannot read {db_path}: {type(error).__name__}: {error}")]
     finally:
@@ -125,7 +134,62 @@ def check_buffer(db_path: str | None, *, now: datetime) -> list[Check]:
         level = WARN
         detail += "; parked rows need an operator (see `parked`)"
     checks.append(Check("buffer", level, detail))
+    checks.append(forwarding_check)
+    checks.extend(local)
     return checks
+
+
+def check_forwarding(buffer: Buffer, *, now: datetime) -> Check:
+    """How forwarding stands, as the forwarder (whatever process runs it) last recorded it."""
+    snapshot = LinkState(buffer=buffer, clock=lambda: now).snapshot()
+    rows, since, last_error = buffer.server_error_summary()
+    last_forward = buffer.state_get("last_forward_at")
+    if snapshot.key_refused is not None:
+        return Check(
+            "forwarding",
+            FAIL,
+            f"held since {snapshot.key_refused.get('since')}: central refused the site key at the last attempt "
+            f"({snapshot.key_refused.get('detail')}); nothing is parked or lost — fix OUTBOX_SITE_KEY or "
+            "reactivate the site at central",
+        )
+    problems = []
+    if snapshot.unreachable_since is not None:
+        problems.append(
+            f"central unreachable since {iso_utc(snapshot.unreachable_since)} "
+            f"({_age(snapshot.unreachable_for())}): {snapshot.last_error}; nothing parks for an outage"
+        )
+    if snapshot.rate_limited:
+        problems.append(snapshot.rate_limit_line())
+    if rows:
+        problems.append(
+            f"{rows} notification(s) central answered 500 to more than once since {since}, retried with back-off "
+            f"(last: {last_error})"
+        )
+    if problems:
+        return Check("forwarding", WARN, "; ".join(problems))
+    if last_forward:
+        return Check("forwarding", OK, f"last forward to central at {last_forward}")
+    return Check("forwarding", OK, "nothing forwarded from this buffer yet; no problem recorded")
+
+
+def check_fallback_record(buffer: Buffer, fallback: FallbackConfig, *, now: datetime) -> list[Check]:
+    """What the local fallback has done: active or not, delivered, failing."""
+    snapshot = LinkState(buffer=buffer, clock=lambda: now).snapshot()
+    failing = buffer.local_counts()[LOCAL_FAILED]
+    delivered = snapshot.fallback["delivered"]
+    active = snapshot.unreachable_since is not None and snapshot.unreachable_for() >= fallback.after_seconds
+    if failing:
+        return [
+            Check(
+                "fallback",
+                FAIL,
+                f"{failing} notification(s) the local relay could not take (retried every retry interval); last "
+                f"error at {snapshot.fallback['last_error_at']}: {snapshot.fallback['last_error']}",
+            )
+        ]
+    state = "ACTIVE: central is unreachable, urgent notifications go to the local relay" if active else "standing by"
+    level = WARN if active else OK
+    return [Check("fallback", level, f"{state}; {delivered} delivered locally so far")]
 
 
 def _existing_parent(path: str) -> str:
@@ -225,19 +289,51 @@ def check_central(
     return checks
 
 
+def check_relay(fallback: FallbackConfig | None, *, fallback_error: str | None) -> list[Check]:
+    """The local fallback relay answers and lets the agent in (nothing is sent)."""
+    if fallback_error is not None:
+        return [Check("relay", FAIL, f"the fallback configuration is wrong: {fallback_error}")]
+    if fallback is None:
+        return []
+    settings = fallback.smtp
+    try:
+        name = relay_check(settings)
+    except (OSError, smtplib.SMTPException) as error:
+        return [
+            Check(
+                "relay",
+                FAIL,
+                f"the local fallback relay {settings.display} cannot be used: {type(error).__name__}: {error}",
+            )
+        ]
+    return [
+        Check(
+            "relay",
+            OK,
+            f"{settings.display} answers ({name}); after {fallback.after_seconds:g} s without central, "
+            f"{fallback.min_priority} and more urgent notifications go to {', '.join(settings.to)}",
+        )
+    ]
+
+
 def doctor_run(
     *,
     db_path: str | None,
     client: CentralClient | None,
     config_error: str | None = None,
     clock: Callable[[], datetime] = utc_now,
+    fallback: FallbackConfig | None = None,
+    fallback_error: str | None = None,
 ) -> list[Check]:
     """Every check, in report order. ``client`` None means central is not configured;
-    ``config_error`` then says why (e.g. a CA file that cannot be loaded)."""
+    ``config_error`` then says why (e.g. a CA file that cannot be loaded). ``fallback``: the
+    local relay to check, when one is configured (``fallback_error``: why its configuration
+    was refused)."""
     checks = [check_runtime(), check_sqlite()]
-    checks.extend(check_buffer(db_path, now=clock()))
+    checks.extend(check_buffer(db_path, now=clock(), fallback=fallback))
     checks.append(check_disk(db_path))
     checks.extend(check_central(client, config_error=config_error, clock=clock))
+    checks.extend(check_relay(fallback, fallback_error=fallback_error))
     return checks
 
 

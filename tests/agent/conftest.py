@@ -1,7 +1,8 @@
 """Fixtures for the site agent's tests. Nothing here touches Django: the agent runs without it,
-and these tests run under every Python from 3.8 up with only pytest and cryptography installed
+and these tests run under every Python from 3.8 up with only pytest, cryptography and aiosmtpd installed
 (``make test-agent-pythons``)."""
 
+import socket
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -28,6 +29,22 @@ def central():
     server = FakeCentral().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def relay():
+    """A real SMTP server on loopback standing in for the plant's local relay."""
+    from tests.agent.local_relay import LocalRelay
+
+    with LocalRelay() as server:
+        yield server
+
+
+def closed_port_url():
+    """An http:// URL of a port nobody listens on: central down, connections refused."""
+    with socket.socket() as placeholder:
+        placeholder.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{placeholder.getsockname()[1]}"
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,22 @@ Queue scripted answers with :meth:`FakeCentral.then`; each request consumes one.
 like central, can serve over TLS (``tls=`` an ``ssl.SSLContext``), and can pretend its clock
 is off (``clock_offset`` seconds added to its ``Date`` header).
 
-The site endpoints (heartbeat, parked reports, command acknowledgements) are kept apart: their
-requests go to ``site_requests``, never consume the scripted answers, and behave like central
-(heartbeats answer with ``commands`` until each is acknowledged) unless ``site_always`` is set.
+The site endpoints (heartbeat, parked reports, command acknowledgements, watchdog pings, and a
+site's acknowledge/clear of its notifications) are kept apart: their requests go to
+``site_requests``, never consume the scripted answers, and behave like central (heartbeats
+answer with ``commands`` until each is acknowledged; ``acknowledged`` commands only to agents
+whose heartbeat lists that capability) unless ``site_always`` is set.
+
+Round-3 rules kept as central keeps them (the lead's wire notes): ``budgets`` counts
+notifications, not requests — a batch of N draws N, ``critical`` items from a budget of their
+own — and a request whose budget lacks tokens is answered 429 with ``Retry-After`` and nothing
+ingested; ``delivered_locally_at`` is not part of the idempotency fingerprint (a replay may add
+it once to a row that has none); watchdog pings keep ``min(pinged_at, now)`` and never move a
+watchdog's last ping backwards.
 """
 
 import json
+import re
 import socket
 import struct
 import threading
@@ -25,8 +35,10 @@ import time
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Dict, Optional
 
 GOOD_KEY = "site-key-plant-a"
+_SITE_ACTION = re.compile(r"^/api/v1/notifications/([^/]+)/(ack|clear)/$")
 
 
 @dataclass
@@ -34,6 +46,7 @@ class Reply:
     status: int
     body: object = None
     headers: dict = field(default_factory=dict)
+    raw: Optional[bytes] = None  # sent as it is instead of ``body`` as JSON (a proxy's HTML page)
 
 
 class Reset:
@@ -66,6 +79,12 @@ class FakeCentral:
         self.acks = {}  # command id -> acknowledgement body
         self.parked = {}  # notification id -> latest parked item reported
         self.unparked = {}  # notification id -> latest unparked item reported
+        # Notifications left per budget; None = unlimited.
+        self.budgets: Dict[str, Optional[int]] = {"critical": None, "other": None}
+        self.retry_after = "30"  # the Retry-After of a 429 for an empty budget
+        self.watchdogs = {}  # name -> latest ping as central keeps it
+        self.site_acks = {}  # notification id -> the site's acknowledgement body (the first one)
+        self.site_clears = {}  # notification id -> the site's clear body (the first one)
         self._lock = threading.Condition()
         self._release = threading.Event()
         central = self
@@ -140,7 +159,7 @@ class FakeCentral:
         raw = handler.rfile.read(length) if length else b""
         body = json.loads(raw) if raw else None
         received = Received(handler.command, handler.path, dict(handler.headers), body)
-        if handler.path.startswith("/api/v1/sites/"):
+        if handler.path.startswith("/api/v1/sites/") or _SITE_ACTION.match(handler.path):
             with self._lock:
                 self.site_requests.append(received)
                 self._lock.notify_all()
@@ -173,8 +192,11 @@ class FakeCentral:
             handler.close_connection = True
             return
         data = b"" if behaviour.body is None else json.dumps(behaviour.body).encode()
+        if behaviour.raw is not None:
+            data = behaviour.raw
         handler.send_response(behaviour.status)
-        handler.send_header("Content-Type", "application/json")
+        if "Content-Type" not in behaviour.headers:
+            handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(data)))
         for name, value in behaviour.headers.items():
             handler.send_header(name, value)
@@ -191,12 +213,21 @@ class FakeCentral:
         """The bodies of every heartbeat received, in order."""
         return [r.body for r in self.site_requests if r.path == "/api/v1/sites/heartbeat/"]
 
+    def watchdog_pings(self):
+        """The bodies of every watchdog ping received, in order."""
+        return [r.body for r in self.site_requests if r.path == "/api/v1/sites/watchdogs/"]
+
     def _site_like_central(self, received):
         if received.headers.get("Authorization") != f"Api-Key {GOOD_KEY}":
             return Reply(401, {"error": "authentication_failed", "detail": "Invalid API key."})
         with self._lock:
             if received.path == "/api/v1/sites/heartbeat/":
-                pending = [c for c in self.commands if c["id"] not in self.acks]
+                acknowledging = "acknowledged" in (received.body.get("capabilities") or [])
+                pending = [
+                    c
+                    for c in self.commands
+                    if c["id"] not in self.acks and (acknowledging or c["action"] != "acknowledged")
+                ]
                 return Reply(200, {"commands": pending})
             if received.path == "/api/v1/sites/parked/":
                 for item in received.body["parked"]:
@@ -206,11 +237,31 @@ class FakeCentral:
                     self.unparked[item["notification_id"]] = item
                     self.parked.pop(item["notification_id"], None)
                 return Reply(200, {"parked": len(received.body["parked"]), "unparked": len(received.body["unparked"])})
+            if received.path == "/api/v1/sites/watchdogs/":
+                return self._ping(received.body)
+            action = _SITE_ACTION.match(received.path)
+            if action:
+                notification_id, verb = action.groups()
+                if notification_id not in self.stored:
+                    return Reply(404, {"error": "not_found", "detail": "No notification with this id for this site."})
+                (self.site_acks if verb == "ack" else self.site_clears).setdefault(notification_id, received.body)
+                return Reply(200, self.status_record(notification_id))
             command_id = received.path.split("/")[-3]
             if not any(c["id"] == command_id for c in self.commands):
                 return Reply(404, {"error": "not_found", "detail": "No such command for this site."})
             self.acks.setdefault(command_id, received.body)
             return Reply(200, {"id": command_id, "state": self.acks[command_id]["result"]})
+
+    def _ping(self, body):
+        missing = [name for name in ("name", "every_seconds", "list_name") if name not in body]
+        if missing:
+            return Reply(400, {"error": "invalid", "errors": {name: ["This field is required."] for name in missing}})
+        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(time.time() + self.clock_offset))
+        pinged = min(body.get("pinged_at") or now, now)
+        known = self.watchdogs.get(body["name"])
+        last = max(pinged, known["last_ping_at"]) if known else pinged
+        self.watchdogs[body["name"]] = {**body, "last_ping_at": last, "state": "up"}
+        return Reply(200, {"name": body["name"], "state": "up", "last_ping_at": last})
 
     def _like_central(self, received):
         if received.method == "GET" and received.path == "/healthz":
@@ -224,6 +275,10 @@ class FakeCentral:
             if notification_id in self.stored:
                 return Reply(200, self.status_record(notification_id))
             return Reply(404, {"error": "not_found", "detail": "No notification with this id for this site."})
+        items = received.body["notifications"] if received.path.endswith("/batch/") else [received.body]
+        throttled = self._draw(items)
+        if throttled is not None:
+            return throttled
         if received.path.endswith("/batch/"):
             results = []
             for item in received.body["notifications"]:
@@ -252,16 +307,43 @@ class FakeCentral:
         record = self.status_record(received.body["notification_id"])
         return Reply(201 if outcome == "created" else 200, record)
 
+    def _draw(self, items):
+        """Take one token per notification from each budget the request needs; a 429 (and
+        nothing taken) when one lacks them."""
+        needs = {"critical": 0, "other": 0}
+        for item in items:
+            needs["critical" if item.get("priority") == "critical" else "other"] += 1
+        with self._lock:
+            for budget, count in needs.items():
+                left = self.budgets[budget]
+                if count and left is not None and left < count:
+                    return Reply(
+                        429,
+                        {"error": "throttled", "detail": f"Request was throttled ({budget} budget)."},
+                        headers={"Retry-After": self.retry_after},
+                    )
+            for budget, count in needs.items():
+                left = self.budgets[budget]
+                if left is not None:
+                    self.budgets[budget] = left - count
+        return None
+
     def _ingest(self, item):
         with self._lock:
             known = self.stored.get(item["notification_id"])
             if known is None:
                 self.stored[item["notification_id"]] = item
                 return "created"
-            return "replayed" if known == item else "conflict"
+            fingerprint = {k: v for k, v in item.items() if k != "delivered_locally_at"}
+            if fingerprint != {k: v for k, v in known.items() if k != "delivered_locally_at"}:
+                return "conflict"
+            if "delivered_locally_at" in item and "delivered_locally_at" not in known:
+                self.stored[item["notification_id"]] = {**known, "delivered_locally_at": item["delivered_locally_at"]}
+            return "replayed"
 
     def status_record(self, notification_id):
         item = self.stored[notification_id]
+        acknowledged = self.site_acks.get(notification_id)
         return {
             "notification_id": notification_id,
             "type": item["type"],
@@ -274,4 +356,8 @@ class FakeCentral:
             "last_attempt_at": None,
             "next_attempt_at": item["site_enqueued_at"],
             "delivered_at": None,
+            **({"priority": item["priority"]} if "priority" in item else {}),
+            **({"delivered_locally_at": item["delivered_locally_at"]} if "delivered_locally_at" in item else {}),
+            **({"acknowledged_via": "site", "acknowledged_by": acknowledged.get("by", "")} if acknowledged else {}),
+            **({"cleared": True} if notification_id in self.site_clears else {}),
         }

@@ -1,6 +1,7 @@
 """Run the site agent's unit tests (tests/agent) under every Python from 3.8 up found on this
-machine, each in a bare virtual environment with only pytest and cryptography (no Django), then
-once more on the oldest with the pre-3.35 SQLite path forced on.
+machine, each in a bare virtual environment with only pytest, cryptography and aiosmtpd (the
+local relay of the fallback tests; no Django), then once more on the oldest with the pre-3.35
+SQLite path forced on.
 
     python tests/agent/pythons.py [--versions 3.8,3.13] [--venvs var/agent-pythons]
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
-REQUIREMENTS = ("pytest>=7.4,<10", "cryptography>=41")
+REQUIREMENTS = ("pytest>=7.4,<10", "cryptography>=41", "aiosmtpd>=1.4.6,<2")
 PARALLEL = 2  # interpreters tested at a time
 PYTEST_ARGS = (
     "-c",

@@ -173,9 +173,14 @@ def test_many_threads_and_processes_sending_at_once_lose_nothing(buffer_path):
 # --- parking, retry, discard -------------------------------------------------------------------
 
 
-def test_row_is_parked_once_max_retries_failed_attempts_are_spent(make_outbox, central, clock):
+# An answer outside central's contract (here a redirect, as from a login portal in front of a
+# wrong URL) is what max_retries counts; an outage never is (test_outages.py).
+REDIRECT = Reply(302, headers={"Location": "https://sso.example.com/login"})
+
+
+def test_row_is_parked_once_max_retries_unexpected_answers_are_spent(make_outbox, central, clock):
     outbox = make_outbox(max_retries=3, retry_interval=30)
-    central.always = Reply(503, {"error": "database_unavailable", "detail": "retry later"})
+    central.always = REDIRECT
     (notification_id,) = send_many(outbox, 1)
 
     for _attempt in range(1, 4):
@@ -186,7 +191,7 @@ def test_row_is_parked_once_max_retries_failed_attempts_are_spent(make_outbox, c
     assert (result.parked, result.retrying) == (1, 0)
     assert status["status"] == "Parked" and status["location"] == "site"
     assert status["retry_count"] == 3
-    assert status["last_error"].startswith("Retries exhausted after 3 attempts; last error: HTTP 503")
+    assert status["last_error"].startswith("Retries exhausted after 3 attempts; last error: HTTP 302")
     assert outbox.stats() == {"buffered": 0, "parked": 1}
     outbox.forward_once()
     assert len(central.requests) == 3  # a parked row is not forwarded
@@ -194,7 +199,7 @@ def test_row_is_parked_once_max_retries_failed_attempts_are_spent(make_outbox, c
 
 def test_max_retries_zero_never_parks(make_outbox, central, clock):
     outbox = make_outbox(max_retries=0, retry_interval=30)
-    central.always = Reply(503)
+    central.always = REDIRECT
     (notification_id,) = send_many(outbox, 1)
 
     for _ in range(60):
@@ -207,7 +212,7 @@ def test_max_retries_zero_never_parks(make_outbox, central, clock):
 
 def test_operator_retry_moves_a_parked_row_back_with_its_retry_count_reset(make_outbox, central, clock):
     outbox = make_outbox(max_retries=1)
-    central.then(Reply(503))
+    central.then(REDIRECT)
     (notification_id,) = send_many(outbox, 1)
     outbox.forward_once()
     assert outbox.status(notification_id)["status"] == "Parked"

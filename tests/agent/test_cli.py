@@ -212,3 +212,116 @@ def test_version_names_the_agent_python_and_sqlite(capsys):
 
     assert exited.value.code == 0
     assert out.startswith(f"outbox-site-agent {sites.agent.__version__} (Python {platform.python_version()}, SQLite ")
+
+
+# --- the configuration file ------------------------------------------------------------------------
+
+
+def write_config(tmp_path, **settings):
+    path = tmp_path / "outbox-agent.json"
+    path.write_text(json.dumps(settings), encoding="utf-8")
+    return str(path)
+
+
+def test_the_configuration_file_supplies_what_flags_and_environment_do_not(central, buffer_path, tmp_path, capsys):
+    config = write_config(tmp_path, db=str(buffer_path), central_url=central.url, key=GOOD_KEY, batch_size=2)
+    for n in range(3):
+        run(capsys, "--config", config, "send", "--list", "Operators", "--subject", f"s{n}", "--body", "b")
+
+    code, out, _ = run(capsys, "--config", config, "forward", "--once")
+
+    assert code == 0 and '"forwarded": 3' in out
+    assert [len(r.body["notifications"]) if "notifications" in r.body else 1 for r in central.requests] == [2, 1]
+
+
+def test_flags_and_the_environment_win_over_the_configuration_file(env, central, buffer_path, tmp_path, capsys):
+    config = write_config(tmp_path, db=str(tmp_path / "from-file.sqlite3"), key="key-from-file")
+    env.setenv("OUTBOX_AGENT_CONFIG", config)
+
+    run(capsys, "send", "--list", "Operators", "--subject", "s", "--body", "b")  # OUTBOX_AGENT_DB wins
+    code, _, _ = run(capsys, "forward", "--once")  # OUTBOX_SITE_KEY wins
+    other = tmp_path / "from-flag.sqlite3"
+    run(capsys, "--db", str(other), "send", "--list", "Operators", "--subject", "s", "--body", "b")
+
+    assert code == 0 and len(central.stored) == 1
+    assert not (tmp_path / "from-file.sqlite3").exists()
+    assert run(capsys, "--db", str(other), "stats", "--json")[1].strip() == '{"buffered": 1, "parked": 0}'
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ('{"db": "x", "retry_intervall": 5}', "unknown setting 'retry_intervall'"),
+        ('{"db": 5}', "db must be a str, got 5"),
+        ('{"sweep_interval": "10"}', "sweep_interval must be a number, got '10'"),
+        ('{"db": "x",}', "is not JSON"),
+        ("[]", "must hold a JSON object"),
+        ('{"fallback": {"smtp": {"host": "127.0.0.1"}}}', "fallback.smtp.from_address is not an email address"),
+    ],
+)
+def test_a_wrong_configuration_file_is_a_usage_error_naming_the_problem(tmp_path, capsys, content, words):
+    path = tmp_path / "outbox-agent.json"
+    path.write_text(content, encoding="utf-8")
+    if "fallback" in content:
+        content_db = json.loads(content)
+        content_db["db"] = str(tmp_path / "b.sqlite3")
+        path.write_text(json.dumps(content_db), encoding="utf-8")
+
+    code, _, err = run(capsys, "--config", str(path), "stats")
+
+    assert code == 2 and words in err
+
+
+def test_a_configuration_file_that_does_not_exist_is_named(tmp_path, capsys):
+    code, _, err = run(capsys, "--config", str(tmp_path / "missing.json"), "stats")
+
+    assert code == 2 and "cannot read the configuration file" in err and "missing.json" in err
+
+
+# --- new states on the command line -------------------------------------------------------------------
+
+
+def test_status_of_a_row_held_by_a_refused_key_says_why(env, capsys, central):
+    notification_id = run(capsys, "send", "--list", "Operators", "--subject", "s", "--body", "b")[1].strip()
+    env.setenv("OUTBOX_SITE_KEY", "revoked")
+    run(capsys, "forward", "--once")
+
+    code, out, _ = run(capsys, "status", notification_id)
+
+    assert code == 0
+    assert out.splitlines()[0] == "Forwarding (at this site)"
+    assert "  held: central refused the site key (HTTP 401: authentication_failed: Invalid API key.) since" in out
+    assert "  priority: normal" in out
+
+
+def test_send_takes_a_priority_and_refuses_an_unknown_one(env, capsys, buffer_path):
+    code, out, _ = run(capsys, "send", "--list", "Operators", "--subject", "s", "--body", "b", "--priority", "critical")
+    bad, _, err = run(capsys, "send", "--list", "Operators", "--subject", "s", "--body", "b", "--priority", "urgent")
+
+    assert code == 0 and bad == 2 and "priority: must be one of critical, high, normal, low" in err
+    with SiteOutbox(buffer_path, None, None) as outbox:
+        row = outbox.buffer.get(out.strip())
+    assert row is not None and row.priority == "critical"
+
+
+def test_doctor_checks_the_local_relay_named_in_the_configuration_file(central, buffer_path, tmp_path, capsys):
+    from tests.agent.conftest import closed_port_url
+    from tests.agent.local_relay import LocalRelay
+
+    SiteOutbox(buffer_path, None, None).close()  # the buffer exists
+    with LocalRelay() as relay:
+        good = write_config(
+            tmp_path, db=str(buffer_path), central_url=central.url, key=GOOD_KEY, fallback=relay.settings()
+        )
+        code, out, _ = run(capsys, "--config", good, "doctor")
+    down = relay.settings()
+    down["smtp"]["port"] = int(closed_port_url().rsplit(":", 1)[1])
+    bad = write_config(tmp_path, db=str(buffer_path), central_url=central.url, key=GOOD_KEY, fallback=down)
+    failed, failed_out, _ = run(capsys, "--config", bad, "doctor")
+
+    assert code == 0, out
+    assert f"OK   relay: 127.0.0.1:{relay.port} (none) answers" in out
+    assert "after 300 s without central, high and more urgent notifications go to control-room@plant-a" in out
+    assert "OK   fallback: standing by; 0 delivered locally so far" in out
+    assert failed == 1
+    assert f"FAIL relay: the local fallback relay 127.0.0.1:{down['smtp']['port']} (none) cannot be used" in failed_out

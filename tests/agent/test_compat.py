@@ -104,7 +104,7 @@ def test_a_backlog_larger_than_one_chunk_is_counted_on_both_paths(buffer_path, u
 
 def test_the_forwarder_parks_on_an_exhausted_budget_on_the_pre_335_path(make_outbox, central, clock):
     outbox = make_outbox(max_retries=2, retry_interval=30, use_returning=False)
-    central.always = Reply(503)
+    central.always = Reply(302, headers={"Location": "https://sso.example.com/login"})  # counted, unlike outages
     (notification_id,) = send_many(outbox, 1)
 
     first = outbox.forward_once()

@@ -52,6 +52,7 @@ def test_everything_ok_prints_one_line_per_check_and_exits_0(central, buffer_pat
         "sqlite",
         "journal",
         "buffer",
+        "forwarding",
         "disk",
         "central",
         "key",

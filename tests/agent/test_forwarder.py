@@ -224,8 +224,9 @@ def test_a_batch_central_fails_on_is_halved_until_the_poison_row_is_alone_and_th
     assert sorted(central.stored) == sorted(set(sent) - {poison})
     assert (result.forwarded, result.retrying, result.parked) == (7, 1, 0)
     status = outbox.status(poison)
-    assert (status["status"], status["retry_count"]) == ("Forwarding", 1)
+    assert (status["status"], status["retry_count"]) == ("Forwarding", 0)  # a 500 is never counted toward parking
     assert "HTTP 500" in status["last_error"]
+    assert status["held"].startswith("central failed on this notification 1 time(s)")
     # 8 → 4 + 4 → 2 + 2 → 1 + 1: seven requests isolate one row among eight.
     assert len(central.requests) == 7
 
@@ -285,7 +286,7 @@ def test_run_forever_keeps_retrying_a_rejected_credential_and_resumes_when_it_is
 # --- transient failures ----------------------------------------------------------------------
 
 
-def test_a_503_counts_a_retry_and_the_row_waits_the_retry_interval(make_outbox, central, clock):
+def test_a_503_counts_no_retry_and_the_forwarder_waits_the_retry_interval(make_outbox, central, clock):
     outbox = make_outbox(retry_interval=30)
     (notification_id,) = send_many(outbox, 1)
     central.then(Reply(503, {"error": "database_unavailable", "detail": "The database is unavailable."}))
@@ -293,7 +294,7 @@ def test_a_503_counts_a_retry_and_the_row_waits_the_retry_interval(make_outbox, 
     result = outbox.forward_once()
 
     row = stored_row(outbox, notification_id)
-    assert (result.retrying, row.retry_count, row.status) == (1, 1, "forwarding")
+    assert (result.retrying, result.unreachable, row.retry_count, row.status) == (1, True, 0, "forwarding")
     assert row.next_attempt_at == "2026-11-21T10:00:30.000000Z"
     assert row.last_error == "HTTP 503: database_unavailable: The database is unavailable."
     clock.advance(29)
@@ -334,14 +335,15 @@ def test_an_unreachable_central_is_transient(make_outbox):
     assert "ConnectionRefusedError" in stored_row(outbox, notification_id).last_error
 
 
-def test_a_transient_failure_of_a_batch_counts_a_retry_on_every_row(outbox, central):
+def test_a_proxys_502_to_a_batch_counts_no_retry_on_any_row(outbox, central):
     sent = send_many(outbox, 4)
     central.then(Reply(502))
 
     result = outbox.forward_once()
 
-    assert result.retrying == 4
-    assert [stored_row(outbox, nid).retry_count for nid in sent] == [1, 1, 1, 1]
+    assert (result.retrying, result.parked) == (4, 0)
+    assert [stored_row(outbox, nid).retry_count for nid in sent] == [0, 0, 0, 0]
+    assert all(stored_row(outbox, nid).last_error == "HTTP 502 Bad Gateway" for nid in sent)
 
 
 def test_a_429_holds_off_for_retry_after_without_counting_a_retry(outbox, central, clock):
@@ -427,7 +429,12 @@ def test_status_is_forwarding_while_the_site_holds_the_row_then_centrals_record(
     outbox.forward_once()
     remote = outbox.status(notification_id)
 
-    assert remote == {**central.status_record(notification_id), "location": "central"}
+    assert remote == {
+        **central.status_record(notification_id),
+        "location": "central",
+        "final": False,
+        "acknowledgement": None,
+    }
     assert central.requests[-1].path == f"/api/v1/notifications/{notification_id}/"
 
 
@@ -453,7 +460,7 @@ def test_transient_failures_are_logged_with_the_error(outbox, central, caplog):
     with caplog.at_level(logging.WARNING, logger="sites.agent"):
         outbox.forward_once()
 
-    assert any("will retry in 30 s: HTTP 503" in record.getMessage() for record in caplog.records)
+    assert any("next try in 30 s: HTTP 503" in record.getMessage() for record in caplog.records)
 
 
 def test_a_buffered_row_nested_too_deeply_to_decode_is_parked_and_the_rest_are_forwarded(make_outbox, central):

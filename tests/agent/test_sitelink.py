@@ -48,6 +48,7 @@ def test_a_heartbeat_reports_the_buffer_the_last_forward_and_the_agent_version(m
         "oldest_buffered_at": "2026-11-21T10:01:00.000000Z",
         "last_forward_at": "2026-11-21T10:01:00.000000Z",
         "last_error": "",
+        "capabilities": ["acknowledged"],
     }
 
 
