@@ -1,5 +1,6 @@
-"""List targets of the channels beyond email (docs/channels.md): how each is checked, shown
-masked, and resolved for delivery.
+"""List targets of the channels beyond email (docs/channels.md): how each is checked and shown
+masked, and what a target resolved for delivery is (notifications.adapters.targets resolves
+them). A leaf module: the models use its masks, so it imports no model.
 
 One set of checks serves the console's inline forms, the configuration file and delivery, so a
 target the console accepts is one delivery can use. Each check returns a problem in words, or
@@ -14,17 +15,11 @@ secret) and a stable ``ref`` (a short digest of the address) that ties a target'
 import binascii
 import hashlib
 import re
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
-from django.db.models import TextField
-from django.db.models.functions import Cast
-
-from notifications.list_names import notification_lists_by_name
-from notifications.secrets import SecretDecryptionError, secret_decrypt
 
 E164 = re.compile(r"^\+[1-9][0-9]{6,14}$")
 _http_url = URLValidator(schemes=["http", "https"])
@@ -186,57 +181,3 @@ def apprise_url_masked(url: str) -> str:
     if plugin is None:
         return f"{url.split('://', 1)[0]}://***" if "://" in url else "***"
     return str(plugin.url(privacy=True))
-
-
-# --- resolving ----------------------------------------------------------------------------
-
-
-def targets_resolve(*, channel: str, list_names: Iterable[str]) -> dict[str, list[str]]:
-    """``{list_name: [Target, …]}`` of ``channel`` for the named lists that exist (matched as
-    notifications.list_names compares names); a list without targets for the channel maps to
-    an empty list."""
-    from notifications.models import AppriseTarget, SmsTarget, TeamsTarget, WebhookTarget
-
-    found = notification_lists_by_name(names=set(list_names))
-    by_pk: dict[int, list[str]] = {item.pk: [] for item in found.values()}
-    if by_pk:
-        if channel == "teams":
-            for list_id, url in TeamsTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
-                "notification_list_id", "url"
-            ):
-                by_pk[list_id].append(Target(url_masked(url), address=url))
-        elif channel == "webhook":
-            rows = WebhookTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
-                "notification_list_id", "url", Cast("secret", TextField())
-            )
-            for list_id, url, stored in rows:
-                secret = _decrypted(stored)
-                by_pk[list_id].append(
-                    Target(url_masked(url), address=url, secret=secret or "", undecryptable=secret is None)
-                )
-        elif channel == "sms":
-            for list_id, number in SmsTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
-                "notification_list_id", "phone_number"
-            ):
-                by_pk[list_id].append(Target(number, address=number))
-        elif channel == "apprise":
-            services = AppriseTarget.objects.filter(notification_list__in=list(by_pk)).values_list(
-                "notification_list_id", "display", Cast("url", TextField())
-            )
-            for list_id, display, stored in services:
-                service_url = _decrypted(stored)
-                by_pk[list_id].append(
-                    Target(display or "***", address=service_url or "", undecryptable=service_url is None)
-                )
-        else:
-            raise ValueError(f"no list targets for channel {channel!r}")
-    return {name: by_pk[item.pk] for name, item in found.items()}
-
-
-def _decrypted(stored: str) -> str | None:
-    """The plaintext of a stored secret, or None when the configured keys cannot decrypt it
-    (that target is then refused with a message saying so; the others are delivered)."""
-    try:
-        return secret_decrypt(stored)
-    except SecretDecryptionError:
-        return None
