@@ -42,6 +42,7 @@ FIELD_BOUNDS = {
         "The port must be a number from 1 to 65535 (usually 587 for STARTTLS, 465 for implicit TLS, 25 for plain SMTP).",
     ),
     "timeout_seconds": (1, None, "The timeout must be at least 1 second."),
+    "greeting_timeout_seconds": (1, None, "The greeting timeout must be at least 1 second."),
 }
 TEST_CONNECT = "_smtp_test_connect"
 TEST_SEND = "_smtp_test_send"
@@ -75,6 +76,7 @@ class SmtpConfigurationForm(forms.ModelForm):
             "password",
             "from_address",
             "timeout_seconds",
+            "greeting_timeout_seconds",
             "data_timeout_seconds",
             "max_retries",
             "retry_interval_seconds",
@@ -139,6 +141,16 @@ class SmtpConfigurationForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        self._clean_password(cleaned)
+        cleaned["auth_method"] = cleaned.get("auth_method") or SmtpConfiguration.AuthMethod.PASSWORD
+        self._clean_oauth_client_secret(cleaned)
+        if cleaned.get("auth_method") == SmtpConfiguration.AuthMethod.XOAUTH2:
+            self._check_xoauth2(cleaned)
+        if cleaned.get("client_key") and not cleaned.get("client_cert") and "client_key" not in self.errors:
+            self.add_error("client_key", "A client key needs its client certificate.")
+        return cleaned
+
+    def _clean_password(self, cleaned: dict[str, Any]) -> None:
         if cleaned.get("clear_password"):
             cleaned["password"] = ""
         elif not cleaned.get("password"):
@@ -147,7 +159,8 @@ class SmtpConfigurationForm(forms.ModelForm):
             if problem:
                 self.add_error("password", problem)
             cleaned["password"] = stored.password if stored is not None else ""
-        cleaned["auth_method"] = cleaned.get("auth_method") or SmtpConfiguration.AuthMethod.PASSWORD
+
+    def _clean_oauth_client_secret(self, cleaned: dict[str, Any]) -> None:
         if cleaned.get("clear_oauth_client_secret"):
             cleaned["oauth_client_secret"] = ""
         elif not cleaned.get("oauth_client_secret"):
@@ -156,20 +169,18 @@ class SmtpConfigurationForm(forms.ModelForm):
             if problem:
                 self.add_error("oauth_client_secret", problem)
             cleaned["oauth_client_secret"] = stored.oauth_client_secret if stored is not None else ""
-        if cleaned.get("auth_method") == SmtpConfiguration.AuthMethod.XOAUTH2:
-            for name in ("username", "oauth_tenant_id", "oauth_client_id"):
-                if not cleaned.get(name) and name not in self.errors:
-                    self.add_error(
-                        name, "Required for OAuth 2.0 (XOAUTH2): the mailbox (username) and the app registration."
-                    )
-            if not cleaned.get("oauth_client_secret") and not cleaned.get("oauth_client_certificate"):
+
+    def _check_xoauth2(self, cleaned: dict[str, Any]) -> None:
+        for name in ("username", "oauth_tenant_id", "oauth_client_id"):
+            if not cleaned.get(name) and name not in self.errors:
                 self.add_error(
-                    "oauth_client_secret",
-                    "Required for OAuth 2.0 (XOAUTH2): a client secret or a client certificate.",
+                    name, "Required for OAuth 2.0 (XOAUTH2): the mailbox (username) and the app registration."
                 )
-        if cleaned.get("client_key") and not cleaned.get("client_cert") and "client_key" not in self.errors:
-            self.add_error("client_key", "A client key needs its client certificate.")
-        return cleaned
+        if not cleaned.get("oauth_client_secret") and not cleaned.get("oauth_client_certificate"):
+            self.add_error(
+                "oauth_client_secret",
+                "Required for OAuth 2.0 (XOAUTH2): a client secret or a client certificate.",
+            )
 
 
 def _bound(field: forms.Field, low: int, high: int | None, message: str) -> None:
@@ -213,7 +224,19 @@ class SendTestForm(forms.Form):
 class SmtpConfigurationAdmin(admin.ModelAdmin):
     form = SmtpConfigurationForm
     fieldsets = (
-        ("Server", {"fields": ("host", "port", "security", "timeout_seconds", "data_timeout_seconds")}),
+        (
+            "Server",
+            {
+                "fields": (
+                    "host",
+                    "port",
+                    "security",
+                    "timeout_seconds",
+                    "greeting_timeout_seconds",
+                    "data_timeout_seconds",
+                )
+            },
+        ),
         (
             "Identity and TLS trust",
             {"fields": ("local_hostname", "ca_file", "client_cert", "client_key")},

@@ -9,16 +9,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from notifications.adapters.base import DeliveryError, DeliveryResult
-from notifications.dispatch import (
-    CLAIM_HORIZON_SECONDS,
-    DeliveryOutcome,
-    Finish,
-    _Pace,
-    delivery_attempts_record,
-    dispatch_wake_at,
-    notifications_claim_due,
-    notifications_finish,
-)
+from notifications.dispatch import runner
+from notifications.dispatch.claim import dispatch_wake_at, notifications_claim_due
+from notifications.dispatch.finish import DeliveryOutcome, Finish, delivery_attempts_record, notifications_finish
+from notifications.dispatch.runner import CLAIM_HORIZON_SECONDS, _Pace
 from notifications.models import DeliveryAttempt, Notification
 from tests.dispatch.conftest import channel_with, fresh, queue, run_pass
 
@@ -135,7 +129,9 @@ def test_a_row_released_unstarted_is_due_again_and_keeps_no_attempt(db):
 
 
 @pytest.mark.usefixtures("operators_list")
-def test_a_stopped_pass_releases_rows_it_did_not_start_and_keeps_no_attempt_for_them(smtp_server, smtp_config):
+def test_a_stopped_pass_releases_rows_it_did_not_start_and_keeps_no_attempt_for_them(
+    smtp_server, smtp_config, monkeypatch
+):
     queue(5)
     stop = threading.Event()
     stop.set()
@@ -151,13 +147,9 @@ def test_a_stopped_pass_releases_rows_it_did_not_start_and_keeps_no_attempt_for_
         return rows
 
     stop.clear()
-    import notifications.dispatch as dispatch
-
-    dispatch.notifications_claim_due, saved = claim_then_stop, dispatch.notifications_claim_due
-    try:
-        report = run_pass(stop=stop)
-    finally:
-        dispatch.notifications_claim_due = saved
+    monkeypatch.setattr(runner, "notifications_claim_due", claim_then_stop)
+    report = run_pass(stop=stop)
+    monkeypatch.undo()
     assert (report.claimed, report.released, report.delivered) == (5, 5, 0)
     assert smtp_server.count == 0
     assert DeliveryAttempt.objects.count() == 0
