@@ -110,18 +110,7 @@ def validate_channels(channels: Any, problems: list[str]) -> None:
         if not isinstance(values, dict):
             problems.append(f"channels.{channel}: must be an object.")
             continue
-        fields = CHANNEL_FIELDS[channel]
-        for name in sorted(set(values) - set(fields)):
-            problems.append(f"channels.{channel}.{name}: unknown field.")
-        typed_ok = True
-        for name, kind in fields.items():
-            if name in values and (not isinstance(values[name], kind) or isinstance(values[name], bool)):
-                problems.append(f"channels.{channel}.{name}: must be {'an integer' if kind is int else 'a string'}.")
-                typed_ok = False
-        if isinstance(values.get("timeout_seconds"), int) and values["timeout_seconds"] < 1:
-            problems.append(f"channels.{channel}.timeout_seconds: must be at least 1.")
-        if isinstance(values.get("max_segments"), int) and not 1 <= values["max_segments"] <= 10:
-            problems.append(f"channels.{channel}.max_segments: must be between 1 and 10.")
+        typed_ok = _channel_fields_check(channel, values, problems)
         if channel == "sms" and typed_ok:
             stored = ChannelConfiguration.objects.filter(channel="sms").first()
             merged = {
@@ -132,6 +121,24 @@ def validate_channels(channels: Any, problems: list[str]) -> None:
             }
             for name, problem in channel_configuration_problems(merged).items():
                 problems.append(f"channels.sms.{name}: {problem}")
+
+
+def _channel_fields_check(channel: str, values: dict[str, Any], problems: list[str]) -> bool:
+    """Add the problems of one channel's fields (unknown, of the wrong type, out of range) to
+    ``problems``; True when every field has its type."""
+    fields = CHANNEL_FIELDS[channel]
+    for name in sorted(set(values) - set(fields)):
+        problems.append(f"channels.{channel}.{name}: unknown field.")
+    typed_ok = True
+    for name, kind in fields.items():
+        if name in values and (not isinstance(values[name], kind) or isinstance(values[name], bool)):
+            problems.append(f"channels.{channel}.{name}: must be {'an integer' if kind is int else 'a string'}.")
+            typed_ok = False
+    if isinstance(values.get("timeout_seconds"), int) and values["timeout_seconds"] < 1:
+        problems.append(f"channels.{channel}.timeout_seconds: must be at least 1.")
+    if isinstance(values.get("max_segments"), int) and not 1 <= values["max_segments"] <= 10:
+        problems.append(f"channels.{channel}.max_segments: must be between 1 and 10.")
+    return typed_ok
 
 
 def channels_import(channels: dict[str, Any]) -> list[str]:
