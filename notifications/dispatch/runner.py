@@ -239,8 +239,12 @@ class _Pass:
         self.in_flight: dict[Future[Finish], _Batch] = {}
         self.completed: queue.SimpleQueue[Future[Finish]] = queue.SimpleQueue()
         self.drained = False  # a claim found fewer rows than asked: nothing more is due (or claimable)
+        self.bug: BaseException | None = None  # a delivery raised: start nothing more, then raise it
 
     def run(self, pool: ThreadPoolExecutor) -> None:
+        """Claim, deliver and finish until done. A delivery that raised (a bug: adapters'
+        failures are results) stops the pass: nothing more starts, the deliveries under way are
+        recorded (the rows not started released), and then it is raised."""
         while True:
             # The next batch is claimed while the threads still have about one delivery each
             # to do, so they never wait for a claim (or for a batch's last, slowest
@@ -250,14 +254,16 @@ class _Pass:
             elif self.in_flight:
                 self._collect()
             else:
-                return
+                break
+        if self.bug is not None:
+            raise self.bug
 
     def close(self) -> None:
         for context in self.contexts.values():
             context.close()
 
     def _claiming(self) -> bool:
-        return not self.drained and not self.stop.is_set() and time.monotonic() < self.deadline
+        return not (self.drained or self.bug or self.stop.is_set()) and time.monotonic() < self.deadline
 
     def _claim(self, pool: ThreadPoolExecutor) -> None:
         # The database clock, read once per batch: one query, not one per result.
@@ -346,14 +352,14 @@ class _Pass:
             channel.halted or self.streaks.failing(row.type, threshold=channel.policy.breaker_threshold)
         ):
             return False
-        return not self.stop.is_set() and time.monotonic() < batch.start_by
+        return not (self.bug or self.stop.is_set()) and time.monotonic() < batch.start_by
 
     def _collect(self) -> None:
         """Wait until a delivery completes, then finish every delivery that completed meanwhile
         (within APPLY_WINDOW_SECONDS), each batch's in one transaction: a crash then
         re-delivers little more than what was in flight, and finishing stays cheap. A delivery
-        that raised (a bug: adapters' failures are results) is raised once the others are
-        recorded."""
+        that raised is kept as the pass's bug (:meth:`run`); its row stays claimed until its
+        lease ends."""
         done = [self.completed.get()]
         until = time.monotonic() + APPLY_WINDOW_SECONDS
         while len(done) < len(self.in_flight) and (left := until - time.monotonic()) > 0:
@@ -362,21 +368,20 @@ class _Pass:
             except queue.Empty:
                 break
         by_batch: dict[_Batch, list[Finish]] = {}
-        errors: list[BaseException] = []
         for future in done:
             batch = self.in_flight.pop(future)
             batch.pending -= 1
             error = future.exception()
-            if error is not None:
-                errors.append(error)
-            else:
+            if error is None:
                 by_batch.setdefault(batch, []).append(future.result())
+            elif self.bug is None:
+                self.bug = error
+            else:
+                logger.error("another delivery raised after the first", exc_info=error)
         for batch, results in by_batch.items():
             self._finish_durably(batch, results)
         if self.progress and any(not batch.pending for batch in by_batch):
             self.progress(self.report)
-        if errors:
-            raise errors[0]
 
     def _finish_durably(self, batch: _Batch, outcomes: list[Finish]) -> None:
         deadline = time.monotonic() + settings.OUTBOX_LEASE_SECONDS / 2

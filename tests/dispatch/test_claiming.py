@@ -14,7 +14,7 @@ from notifications.dispatch.claim import dispatch_wake_at, notifications_claim_d
 from notifications.dispatch.finish import DeliveryOutcome, Finish, delivery_attempts_record, notifications_finish
 from notifications.dispatch.runner import CLAIM_HORIZON_SECONDS, _Pace
 from notifications.models import DeliveryAttempt, Notification
-from tests.dispatch.conftest import channel_with, fresh, queue, run_pass
+from tests.dispatch.conftest import WORKER, channel_with, fresh, queue, run_pass
 
 Status = Notification.Status
 
@@ -155,6 +155,34 @@ def test_a_stopped_pass_releases_rows_it_did_not_start_and_keeps_no_attempt_for_
     assert DeliveryAttempt.objects.count() == 0
     assert Notification.objects.filter(status=Status.PENDING, claimed_by="", claimed_until=None).count() == 5
     assert run_pass().delivered == 5
+
+
+@pytest.mark.usefixtures("operators_list")
+def test_a_bug_while_delivering_one_row_stops_the_pass_after_every_other_row_is_recorded(
+    smtp_server, smtp_config, monkeypatch
+):
+    # A bug in the dispatcher cannot be produced by a server: one row's delivery is made to
+    # raise (a mock). The rows delivered meanwhile are recorded, those not yet started are
+    # released, then the pass raises; the broken row waits for its lease to end.
+    smtp_server.behave("accept", delay_seconds=0.05)
+    rows = queue(6)
+    broken = rows[0].pk
+    deliver = runner.notification_deliver
+
+    def delivering(*, notification, **kwargs):
+        if notification.pk == broken:
+            raise RuntimeError("a bug in the dispatcher")
+        return deliver(notification=notification, **kwargs)
+
+    monkeypatch.setattr(runner, "notification_deliver", delivering)
+    with pytest.raises(RuntimeError, match="a bug in the dispatcher"):
+        run_pass(concurrency=2)
+    others = [fresh(row) for row in rows if row.pk != broken]
+    assert {row.status for row in others} <= {Status.DELIVERED, Status.PENDING}
+    assert all(row.claimed_by == "" for row in others)  # recorded or released, none left held
+    delivered = [row for row in others if row.status == Status.DELIVERED]
+    assert smtp_server.count == len(delivered) >= 1
+    assert fresh(rows[0]).claimed_by == WORKER
 
 
 @pytest.mark.usefixtures("operators_list")
