@@ -13,7 +13,8 @@ rate-limited one no more rows than its bucket has tokens. Rows left behind wait,
 
 Every claim reads the due index (``notif_due_idx``: non-terminal rows by ``next_attempt_at``,
 rows without one first) in its order and stops after ``limit`` rows, so a claim costs about
-what it takes whatever the backlog.
+what it takes whatever the backlog; its transaction turns sorts off
+(:func:`~notifications.db.read_in_index_order`, measured need written there).
 """
 
 import os
@@ -91,7 +92,9 @@ def _oldest_due_lock(waiting: QuerySet[Notification], *, now: datetime, limit: i
     enough rows, so a claim reads about as many rows as it takes, whatever the backlog. (One
     query for both, ``next_attempt_at <= now OR next_attempt_at IS NULL``, cannot be an index
     range: PostgreSQL then either filters every waiting row in index order or collects every
-    due row and sorts them.)
+    due row and sorts them.) Called in a transaction that reads in index order
+    (:func:`~notifications.db.read_in_index_order`): with statistics taken before a backlog
+    arrived, PostgreSQL would otherwise read the backlog through another index and sort it.
     """
     undated = waiting.filter(next_attempt_at__isnull=True).order_by(DUE_INDEX_ORDER)
     rows = list(db.lock_skipping_locked(undated).only(*CLAIM_FIELDS)[:limit])
@@ -136,6 +139,7 @@ def notifications_claim_due(
         channels_refresh(channels)
     claim = Claim(rows=[])
     with transaction.atomic():
+        db.read_in_index_order()
         gates = [
             channel_gate_open(channel=channel, worker_id=worker_id, now=now, lease_until=until)
             for channel in channels.values()
@@ -266,17 +270,19 @@ def dispatch_wake_at(*, channels: dict[str, Channel] | None = None, now: datetim
     health = {(row.channel, row.endpoint): row for row in ChannelHealth.objects.all()}
     unleased = _unleased_q(now)
     wake: datetime | None = None
-    for channel in channels.values():
-        first = list(
-            Notification.objects.filter(unleased, type=channel.name)
-            .order_by(DUE_INDEX_ORDER)
-            .values_list("next_attempt_at", flat=True)[:1]
-        )
-        if not first:
-            continue
-        when = max(first[0] or now, now)
-        if channel.endpoint is not None:
-            health_row = health.get((channel.name, channel.endpoint))
-            when = max(when, channel_gate_wait(channel=channel, health=health_row, now=now))
-        wake = when if wake is None else min(wake, when)
+    with transaction.atomic():
+        db.read_in_index_order()  # the due index in its order: one row, not a sorted backlog
+        for channel in channels.values():
+            first = list(
+                Notification.objects.filter(unleased, type=channel.name)
+                .order_by(DUE_INDEX_ORDER)
+                .values_list("next_attempt_at", flat=True)[:1]
+            )
+            if not first:
+                continue
+            when = max(first[0] or now, now)
+            if channel.endpoint is not None:
+                health_row = health.get((channel.name, channel.endpoint))
+                when = max(when, channel_gate_wait(channel=channel, health=health_row, now=now))
+            wake = when if wake is None else min(wake, when)
     return wake
