@@ -1067,9 +1067,12 @@ def _recipients_text(entries: Iterable[dict[str, Any]]) -> str:
     )
 
 
+_OUTCOMES = tuple(TargetOutcome.values)  # computed by the enum on every access: once here
+
+
 def _counts(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
     """How many of ``entries`` have each outcome (in today's words)."""
-    counts = dict.fromkeys(TargetOutcome.values, 0)
+    counts = dict.fromkeys(_OUTCOMES, 0)
     for entry in entries:
         outcome = target_outcome(entry)
         if outcome in counts:

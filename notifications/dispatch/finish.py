@@ -168,7 +168,9 @@ class _Grouped:
     def add(self, item: Finish, *, now: datetime) -> None:
         row, attempt, outcome = item.notification, item.attempt, item.outcome
         self.outcomes[row.pk] = outcome
-        seen = self.channels.setdefault(item.channel.name, _ChannelSeen(item.channel))
+        seen = self.channels.get(item.channel.name)
+        if seen is None:
+            seen = self.channels[item.channel.name] = _ChannelSeen(item.channel)
         if not outcome.started:
             self.unstarted.append(attempt.pk)
             self._group(item, {"claimed_by": "", "claimed_until": None}, "released", inputs=None)

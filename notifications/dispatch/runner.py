@@ -19,7 +19,6 @@ each call, and one function that records every result (notifications.dispatch.fi
 
 import gc
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -185,6 +184,47 @@ class _Pace:
         return max(1, min(batch_size, max(concurrency, concurrency * rounds)))
 
 
+class _Results:
+    """The deliveries' results as they complete (each future's done callback), collected by the
+    pass thread in groups: the first result wakes it, then it sleeps out the window unless
+    every delivery in flight completes first — it is never woken once per result. (A queue
+    woke it for every result: measured, about 11 µs of thread hand-overs a delivery.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: list[Future[Finish]] = []
+        self._some = threading.Event()  # a result waits to be collected
+        self._all = threading.Event()  # every delivery in flight has completed
+        self._all.set()
+        self._outstanding = 0  # submitted and not yet collected
+
+    def watch(self, future: "Future[Finish]") -> None:
+        with self._lock:
+            self._outstanding += 1
+            self._all.clear()
+        future.add_done_callback(self._completed)
+
+    def _completed(self, future: "Future[Finish]") -> None:
+        with self._lock:
+            self._done.append(future)
+            if len(self._done) == self._outstanding:
+                self._all.set()
+            self._some.set()
+
+    def collect(self, window: float) -> list["Future[Finish]"]:
+        """Wait for a result, then up to ``window`` seconds for the others in flight; what
+        completed."""
+        self._some.wait()
+        self._all.wait(window)
+        with self._lock:
+            done, self._done = self._done, []
+            self._outstanding -= len(done)
+            self._some.clear()
+            if self._outstanding:
+                self._all.clear()
+        return done
+
+
 @dataclass(eq=False)  # a batch is itself, whatever its fields hold (a key of the finish)
 class _Batch:
     """One claimed batch: its rows' attempts, when its deliveries must start and end (from its
@@ -237,7 +277,7 @@ class _Pass:
         self.streaks = _Streaks()
         self.pace = _Pace()
         self.in_flight: dict[Future[Finish], _Batch] = {}
-        self.completed: queue.SimpleQueue[Future[Finish]] = queue.SimpleQueue()
+        self.results = _Results()
         self.drained = False  # a claim found fewer rows than asked: nothing more is due (or claimable)
         self.bug: BaseException | None = None  # a delivery raised: start nothing more, then raise it
 
@@ -311,7 +351,7 @@ class _Pass:
             future = pool.submit(self._deliver, batch, row, targets)
             batch.pending += 1
             self.in_flight[future] = batch
-            future.add_done_callback(self.completed.put)
+            self.results.watch(future)
         if early:
             self._finish_durably(batch, early)
 
@@ -360,15 +400,8 @@ class _Pass:
         re-delivers little more than what was in flight, and finishing stays cheap. A delivery
         that raised is kept as the pass's bug (:meth:`run`); its row stays claimed until its
         lease ends."""
-        done = [self.completed.get()]
-        until = time.monotonic() + APPLY_WINDOW_SECONDS
-        while len(done) < len(self.in_flight) and (left := until - time.monotonic()) > 0:
-            try:
-                done.append(self.completed.get(timeout=left))
-            except queue.Empty:
-                break
         by_batch: dict[_Batch, list[Finish]] = {}
-        for future in done:
+        for future in self.results.collect(APPLY_WINDOW_SECONDS):
             batch = self.in_flight.pop(future)
             batch.pending -= 1
             error = future.exception()
