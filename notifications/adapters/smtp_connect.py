@@ -174,14 +174,14 @@ class SmtpConnection(smtplib.SMTP):
     (:func:`_quoted`), also as lines to write several at once (the email adapter's pipelined
     transaction, RFC 2920); and :meth:`exchange`, which bounds every wait."""
 
+    _greeting = False  # the reply being read is the greeting
+
     def __init__(self, settings: ConnectSettings) -> None:
         self._greeting_wait = lease_bounded(settings.greeting_timeout)
         super().__init__(
             settings.host, settings.port, local_hostname=settings.ehlo_name, timeout=lease_bounded(settings.timeout)
         )
         self.timeout = settings.timeout
-
-    _greeting = False
 
     def connect(self, host: str = "localhost", port: int = 0, source_address: Any = None) -> tuple[int, bytes]:
         self._greeting = True
