@@ -58,10 +58,16 @@ test-pgbouncer: $(STAMP)
 test-redis: $(STAMP)
 	OUTBOX_TEST_REDIS_REQUIRED=true $(PY) -m pytest tests/dispatch/test_redis_broker.py $(PYTEST_ARGS)
 
+# Also the house rules on shape: the import contracts of pyproject.toml (no cycle in
+# notifications/, the models import no adapter, leaf modules stay leaves) and no function in
+# notifications/ graded D or worse by radon's cyclomatic complexity.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
+	@complex="$$($(VENV)/bin/radon cc -n D notifications)"; \
+	if [ -n "$$complex" ]; then echo "Functions graded D or worse (radon cc -n D notifications):"; echo "$$complex"; exit 1; fi
 	$(PY) manage.py check
 	$(PY) manage.py makemigrations --check --dry-run
 

@@ -11,7 +11,6 @@ import django_filters
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import InterfaceError, OperationalError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
@@ -22,10 +21,8 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from rest_framework.views import exception_handler as drf_exception_handler
 
-from notifications.adapters import TYPE_CHOICES
-from notifications.adapters.base import TargetOutcome
+from notifications.api_errors import ERROR_RESPONSES, ErrorSerializer
 from notifications.ingest import (
     ACCEPTED_FIELDS,
     DEFAULT_TYPE,
@@ -43,35 +40,12 @@ from notifications.ingest import (
 from notifications.kpis import kpis_compute
 from notifications.models import Notification
 from notifications.operations import notification_act
+from notifications.vocabulary import TYPE_CHOICES, TargetOutcome
 from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffTokenAuthentication
 from sites.models import Site
 from sites.services import site_kpis_add
 
 # --- errors ---------------------------------------------------------------------------------
-
-DB_UNAVAILABLE = {"error": "database_unavailable", "detail": "The database is unavailable; retry later."}
-
-
-def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF errors as ``{"error": code, "detail": text[, "errors": {field: [..]}]}``.
-
-    A database that cannot be reached answers 503, never 500: the client must retry, and
-    nothing was acknowledged.
-    """
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        return Response(DB_UNAVAILABLE, status=status.HTTP_503_SERVICE_UNAVAILABLE)
-    response = drf_exception_handler(exc, context)
-    if response is None:
-        return None
-    if isinstance(exc, exceptions.ValidationError):
-        detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-        response.data = {"error": "invalid", "detail": "Invalid input.", "errors": detail}
-    elif isinstance(exc, exceptions.APIException):
-        codes = exc.get_codes()
-        code = codes if isinstance(codes, str) else exc.default_code
-        response.data = {"error": code, "detail": str(exc.detail)}
-    return response
-
 
 # A rejected request answers with its code, sentence and field errors; the status by code.
 REJECTION_STATUS = {INVALID: status.HTTP_400_BAD_REQUEST, SITE_MISMATCH: status.HTTP_403_FORBIDDEN}
@@ -194,16 +168,6 @@ class StatusRecordSerializer(serializers.Serializer):
         return notification_status_record(instance)
 
 
-ErrorSerializer = inline_serializer(
-    "Error",
-    {
-        "error": serializers.CharField(),
-        "detail": serializers.CharField(),
-        "errors": serializers.DictField(required=False),
-    },
-)
-
-
 # Declared as a mapping: a Serializer subclass cannot have a field named "errors".
 BATCH_ITEM_RESULT_FIELDS: dict[str, serializers.Field] = {
     "notification_id": serializers.CharField(allow_null=True),
@@ -213,16 +177,6 @@ BATCH_ITEM_RESULT_FIELDS: dict[str, serializers.Field] = {
     "errors": serializers.DictField(required=False, help_text="Why the item was rejected, per field."),
 }
 
-
-ERROR_RESPONSES = {
-    400: OpenApiResponse(ErrorSerializer, description="Invalid input, per field"),
-    401: OpenApiResponse(ErrorSerializer, description="Missing, invalid, revoked or expired key"),
-    403: OpenApiResponse(ErrorSerializer, description="Site deactivated or source_site_id mismatch"),
-    413: OpenApiResponse(ErrorSerializer, description="Body larger than the configured limit"),
-    415: OpenApiResponse(ErrorSerializer, description="Not application/json"),
-    429: OpenApiResponse(ErrorSerializer, description="Site over its rate limit; see Retry-After"),
-    503: OpenApiResponse(ErrorSerializer, description="Database unavailable"),
-}
 
 # --- views ----------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ is the credential); a file without ``teams`` or ``apprise`` keeps a list's targe
 channel. Every secret may be given as ``{"env": "NAME"}`` (notifications.config_secrets).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from notifications.channel_targets import (
@@ -68,26 +69,8 @@ def validate_list_targets(entry: dict[str, Any], where: str, problems: list[str]
         ("sms", phone_number_problem),
         ("apprise", apprise_url_problem),
     ):
-        if key not in entry:
-            continue
-        values = entry[key]
-        if not isinstance(values, list):
-            problems.append(f"{where}.{key}: must be a list.")
-            continue
-        seen: set[str] = set()
-        for position, value in enumerate(values):
-            at = f"{where}.{key}[{position}]"
-            if key in SECRET_TARGET_KEYS:
-                if not config_secret_resolve(values, position, where=at, problems=problems):
-                    continue
-                value = values[position]
-            problem = check(value)
-            if problem:
-                problems.append(f"{at}: {problem}")
-            elif value in seen:
-                problems.append(f"{at}: {_shown(key, value)} is listed twice.")
-            if isinstance(value, str):
-                seen.add(value)
+        if key in entry:
+            _validate_plain_targets(entry[key], key=key, check=check, where=where, problems=problems)
     if "webhooks" in entry:
         hooks = entry["webhooks"]
         if not isinstance(hooks, list):
@@ -95,26 +78,51 @@ def validate_list_targets(entry: dict[str, Any], where: str, problems: list[str]
             return
         urls: set[str] = set()
         for position, hook in enumerate(hooks):
-            at = f"{where}.webhooks[{position}]"
-            if not isinstance(hook, dict):
-                problems.append(f"{at}: must be an object with url and secret.")
+            _validate_webhook(hook, at=f"{where}.webhooks[{position}]", urls=urls, problems=problems)
+
+
+def _validate_plain_targets(
+    values: Any, *, key: str, check: Callable[[Any], str | None], where: str, problems: list[str]
+) -> None:
+    """Problems of one channel's list of targets (URLs or numbers), each checked by ``check``."""
+    if not isinstance(values, list):
+        problems.append(f"{where}.{key}: must be a list.")
+        return
+    seen: set[str] = set()
+    for position, value in enumerate(values):
+        at = f"{where}.{key}[{position}]"
+        if key in SECRET_TARGET_KEYS:
+            if not config_secret_resolve(values, position, where=at, problems=problems):
                 continue
-            for name in sorted(set(hook) - {"url", "secret"}):
-                problems.append(f"{at}.{name}: unknown field.")
-            problem = http_url_problem(hook.get("url"))
-            if problem:
-                problems.append(f"{at}.url: {problem}")
-            elif hook["url"] in urls:
-                problems.append(f"{at}.url: {hook['url'][:80]!r} is listed twice.")
-            else:
-                urls.add(hook["url"])
-            resolved = "secret" in hook and config_secret_resolve(
-                hook, "secret", where=f"{at}.secret", problems=problems
-            )
-            if resolved and hook["secret"] not in ("", None):
-                problem = webhook_secret_problem(hook["secret"])
-                if problem:
-                    problems.append(f"{at}.secret: {problem}")
+            value = values[position]
+        problem = check(value)
+        if problem:
+            problems.append(f"{at}: {problem}")
+        elif value in seen:
+            problems.append(f"{at}: {_shown(key, value)} is listed twice.")
+        if isinstance(value, str):
+            seen.add(value)
+
+
+def _validate_webhook(hook: Any, *, at: str, urls: set[str], problems: list[str]) -> None:
+    """Problems of one webhook entry (``{url, secret}``); ``urls`` are the entry's URLs so far."""
+    if not isinstance(hook, dict):
+        problems.append(f"{at}: must be an object with url and secret.")
+        return
+    for name in sorted(set(hook) - {"url", "secret"}):
+        problems.append(f"{at}.{name}: unknown field.")
+    problem = http_url_problem(hook.get("url"))
+    if problem:
+        problems.append(f"{at}.url: {problem}")
+    elif hook["url"] in urls:
+        problems.append(f"{at}.url: {hook['url'][:80]!r} is listed twice.")
+    else:
+        urls.add(hook["url"])
+    resolved = "secret" in hook and config_secret_resolve(hook, "secret", where=f"{at}.secret", problems=problems)
+    if resolved and hook["secret"] not in ("", None):
+        problem = webhook_secret_problem(hook["secret"])
+        if problem:
+            problems.append(f"{at}.secret: {problem}")
 
 
 def _shown(key: str, value: Any) -> str:
@@ -138,23 +146,12 @@ def validate_channels(channels: Any, problems: list[str]) -> None:
         if not isinstance(values, dict):
             problems.append(f"channels.{channel}: must be an object.")
             continue
-        fields = CHANNEL_FIELDS[channel]
-        for name in sorted(set(values) - set(fields)):
-            problems.append(f"channels.{channel}.{name}: unknown field.")
         # False: a reference to the environment did not resolve (reported; the token is not checked further).
         token_resolved = channel != "sms" or "auth_token" not in values
         token_resolved = token_resolved or config_secret_resolve(
             values, "auth_token", where="channels.sms.auth_token", problems=problems
         )
-        typed_ok = True
-        for name, kind in fields.items():
-            if name in values and (not isinstance(values[name], kind) or isinstance(values[name], bool)):
-                problems.append(f"channels.{channel}.{name}: must be {'an integer' if kind is int else 'a string'}.")
-                typed_ok = False
-        if isinstance(values.get("timeout_seconds"), int) and values["timeout_seconds"] < 1:
-            problems.append(f"channels.{channel}.timeout_seconds: must be at least 1.")
-        if isinstance(values.get("max_segments"), int) and not 1 <= values["max_segments"] <= 10:
-            problems.append(f"channels.{channel}.max_segments: must be between 1 and 10.")
+        typed_ok = _channel_fields_check(channel, values, problems)
         if channel == "sms" and typed_ok:
             stored = ChannelConfiguration.objects.filter(channel="sms").first()
             if not values.get("auth_token") and token_resolved:
@@ -170,6 +167,24 @@ def validate_channels(channels: Any, problems: list[str]) -> None:
             for name, problem in channel_configuration_problems(merged).items():
                 if name != "auth_token" or token_resolved:
                     problems.append(f"channels.sms.{name}: {problem}")
+
+
+def _channel_fields_check(channel: str, values: dict[str, Any], problems: list[str]) -> bool:
+    """Add the problems of one channel's fields (unknown, of the wrong type, out of range) to
+    ``problems``; True when every field has its type."""
+    fields = CHANNEL_FIELDS[channel]
+    for name in sorted(set(values) - set(fields)):
+        problems.append(f"channels.{channel}.{name}: unknown field.")
+    typed_ok = True
+    for name, kind in fields.items():
+        if name in values and (not isinstance(values[name], kind) or isinstance(values[name], bool)):
+            problems.append(f"channels.{channel}.{name}: must be {'an integer' if kind is int else 'a string'}.")
+            typed_ok = False
+    if isinstance(values.get("timeout_seconds"), int) and values["timeout_seconds"] < 1:
+        problems.append(f"channels.{channel}.timeout_seconds: must be at least 1.")
+    if isinstance(values.get("max_segments"), int) and not 1 <= values["max_segments"] <= 10:
+        problems.append(f"channels.{channel}.max_segments: must be between 1 and 10.")
+    return typed_ok
 
 
 def channels_import(channels: dict[str, Any]) -> list[str]:

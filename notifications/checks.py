@@ -8,7 +8,15 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.db import DatabaseError
 
-from notifications.models import SmtpConfiguration
+from notifications.channel_targets import channel_configuration_problems
+from notifications.models import (
+    AppriseTarget,
+    ChannelConfiguration,
+    SmsTarget,
+    SmtpConfiguration,
+    TeamsTarget,
+    WebhookTarget,
+)
 from notifications.schedules import schedules_missing
 from notifications.secrets import SecretDecryptionError
 
@@ -88,9 +96,6 @@ def check_channels(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     secret (webhook secret, Teams or Apprise URL, SMS auth token) does not decrypt with the
     configured keys; outbox.W011, lists hold SMS targets but the sms channel has no complete
     configuration, so every SMS notification would park. Returns what was found."""
-    from notifications.channel_targets import channel_configuration_problems
-    from notifications.models import AppriseTarget, ChannelConfiguration, SmsTarget, TeamsTarget, WebhookTarget
-
     found: list[CheckMessage] = []
     try:
         for model, field in (

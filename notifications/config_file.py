@@ -21,7 +21,6 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 from django.db import transaction
 
-from notifications.adapters import ADAPTER_PATHS
 from notifications.channels_config import (
     TARGET_KEYS,
     ChannelsImportError,
@@ -39,6 +38,7 @@ from notifications.models import EmailRecipient, NotificationList, SmtpConfigura
 from notifications.operations import smtp_setting_problem
 from notifications.policies import delivery_policies_all, delivery_policy_store, delivery_policy_validate
 from notifications.secret_binding import secret_bind, secret_kept_problem
+from notifications.vocabulary import ADAPTER_PATHS
 from sites.models import Site
 
 SMTP_FIELDS = {
@@ -49,6 +49,7 @@ SMTP_FIELDS = {
     "password": str,
     "from_address": str,
     "timeout_seconds": int,
+    "greeting_timeout_seconds": int,
     "data_timeout_seconds": int,
     "max_retries": int,
     "retry_interval_seconds": int,
@@ -97,12 +98,18 @@ def _validate_smtp(smtp: Any, problems: list[str]) -> None:
     for name, kind in SMTP_FIELDS.items():
         if name in smtp and (not isinstance(smtp[name], kind) or isinstance(smtp[name], bool)):
             problems.append(f"smtp.{name}: must be {'an integer' if kind is int else 'a string'}.")
+    _validate_smtp_values(smtp, problems)
+    _validate_smtp_settings(smtp, problems)
+
+
+def _validate_smtp_values(smtp: dict[str, Any], problems: list[str]) -> None:
+    """The SMTP configuration's security, port, times, counts and From address are usable."""
     if isinstance(smtp.get("security"), str) and smtp["security"] not in SmtpConfiguration.Security.values:
         allowed = ", ".join(SmtpConfiguration.Security.values)
         problems.append(f"smtp.security: {smtp['security']!r} is not one of {allowed}.")
     if isinstance(smtp.get("port"), int) and not 1 <= smtp["port"] <= 65535:
         problems.append(f"smtp.port: {smtp['port']} is not between 1 and 65535.")
-    for name in ("timeout_seconds", "data_timeout_seconds", "retry_interval_seconds"):
+    for name in ("timeout_seconds", "greeting_timeout_seconds", "data_timeout_seconds", "retry_interval_seconds"):
         if isinstance(smtp.get(name), int) and smtp[name] < 1:
             problems.append(f"smtp.{name}: must be at least 1.")
     if isinstance(smtp.get("max_retries"), int) and smtp["max_retries"] < 0:
@@ -111,6 +118,10 @@ def _validate_smtp(smtp: Any, problems: list[str]) -> None:
         problem = email_address_problem(smtp["from_address"])
         if problem:
             problems.append(f"smtp.from_address: {problem}")
+
+
+def _validate_smtp_settings(smtp: dict[str, Any], problems: list[str]) -> None:
+    """The authentication method and the host and file settings are usable."""
     if isinstance(smtp.get("auth_method"), str) and smtp["auth_method"] not in SmtpConfiguration.AuthMethod.values:
         allowed = ", ".join(SmtpConfiguration.AuthMethod.values)
         problems.append(f"smtp.auth_method: {smtp['auth_method']!r} is not one of {allowed}.")
@@ -283,19 +294,7 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
 
     smtp = data.get("smtp")
     if smtp:
-        config = SmtpConfiguration.current() or SmtpConfiguration()
-        summary["smtp"] = "updated" if config.pk else "created"
-        for name in SMTP_FIELDS:
-            if name in SMTP_SECRETS:
-                # Export leaves the secrets out; an absent or empty one keeps the stored secret.
-                if smtp.get(name):
-                    setattr(config, name, smtp[name])
-            elif name in smtp:
-                setattr(config, name, smtp[name])
-        for name in SMTP_CREDENTIALS:
-            if smtp.get(name):
-                secret_bind(instance=config, secret=name)  # given in the file: entered for these values
-        config.save()
+        summary["smtp"] = _smtp_import(smtp)
 
     if data.get("channels"):
         summary["channels"] = channels_import(data["channels"])
@@ -306,37 +305,66 @@ def configuration_import(*, data: Any) -> dict[str, Any]:
 
     existing = notification_lists_by_name(names=[entry["name"] for entry in data.get("lists", [])])
     for entry in data.get("lists", []):
-        name = list_name_normalize(entry["name"])
-        notification_list = existing.get(entry["name"])
-        if notification_list is None:
-            notification_list = NotificationList(name=name)
-            summary["lists_created"] += 1
-        else:
-            summary["lists_updated"] += 1
-        notification_list.name = name
-        notification_list.description = entry.get("description", notification_list.description)
-        notification_list.recipient_mode = entry.get("recipient_mode", notification_list.recipient_mode)
-        notification_list.save()
-        notification_list.email_recipients.all().delete()
-        EmailRecipient.objects.bulk_create(
-            EmailRecipient(notification_list=notification_list, email=address) for address in entry.get("email", [])
-        )
-        try:
-            list_targets_import(notification_list=notification_list, entry=entry, where=f"lists ({name!r})")
-        except ChannelsImportError as exc:
-            raise ConfigFileError(exc.problems) from None
+        created = _list_import(entry, existing.get(entry["name"]))
+        summary["lists_created" if created else "lists_updated"] += 1
 
     for entry in data.get("sites", []):
-        site = Site.objects.filter(site_id=entry["site_id"]).first()
-        if site is None:
-            site = Site(site_id=entry["site_id"], name=entry.get("name") or entry["site_id"])
-            summary["sites_created"] += 1
-        else:
-            summary["sites_updated"] += 1
-        site.name = entry.get("name", site.name) or site.site_id
-        site.active = entry.get("active", site.active)
-        site.save()
+        created = _site_import(entry)
+        summary["sites_created" if created else "sites_updated"] += 1
     return summary
+
+
+def _smtp_import(smtp: dict[str, Any]) -> str:
+    """Write the file's SMTP configuration (validated, credentials kept only where
+    :func:`_validate_smtp_kept` allowed it); "created" or "updated"."""
+    config = SmtpConfiguration.current() or SmtpConfiguration()
+    written = "updated" if config.pk else "created"
+    for name in SMTP_FIELDS:
+        if name in SMTP_SECRETS:
+            # Export leaves the secrets out; an absent or empty one keeps the stored secret.
+            if smtp.get(name):
+                setattr(config, name, smtp[name])
+        elif name in smtp:
+            setattr(config, name, smtp[name])
+    for name in SMTP_CREDENTIALS:
+        if smtp.get(name):
+            secret_bind(instance=config, secret=name)  # given in the file: entered for these values
+    config.save()
+    return written
+
+
+def _list_import(entry: dict[str, Any], notification_list: NotificationList | None) -> bool:
+    """Write one list entry (validated) over ``notification_list`` (None: a new list); its
+    recipients become the entry's. True when the list was created."""
+    name = list_name_normalize(entry["name"])
+    created = notification_list is None
+    if notification_list is None:
+        notification_list = NotificationList(name=name)
+    notification_list.name = name
+    notification_list.description = entry.get("description", notification_list.description)
+    notification_list.recipient_mode = entry.get("recipient_mode", notification_list.recipient_mode)
+    notification_list.save()
+    notification_list.email_recipients.all().delete()
+    EmailRecipient.objects.bulk_create(
+        EmailRecipient(notification_list=notification_list, email=address) for address in entry.get("email", [])
+    )
+    try:
+        list_targets_import(notification_list=notification_list, entry=entry, where=f"lists ({name!r})")
+    except ChannelsImportError as exc:
+        raise ConfigFileError(exc.problems) from None
+    return created
+
+
+def _site_import(entry: dict[str, Any]) -> bool:
+    """Write one site entry (validated); True when the site was created."""
+    site = Site.objects.filter(site_id=entry["site_id"]).first()
+    created = site is None
+    if site is None:
+        site = Site(site_id=entry["site_id"], name=entry.get("name") or entry["site_id"])
+    site.name = entry.get("name", site.name) or site.site_id
+    site.active = entry.get("active", site.active)
+    site.save()
+    return created
 
 
 def configuration_export() -> dict[str, Any]:

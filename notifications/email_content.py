@@ -149,6 +149,54 @@ def _address_problem(address: object) -> str | None:
     return email_address_refusal(address)
 
 
+def _attachment_read(item: dict[Any, Any], allowed: Any, problems: dict[str, str]) -> Attachment | None:
+    """One attachment of ``type_data.attachments``, its problems by key in ``problems``; its
+    content is decoded (and counts toward the total) even when another key has a problem."""
+    for key in sorted(set(item) - set(ATTACHMENT_FIELDS), key=str):
+        problems[str(key)[:40]] = "Unknown field."
+    for key in ATTACHMENT_FIELDS:
+        if item.get(key) is None:
+            problems[key] = "This field is required."
+        elif not isinstance(item[key], str):
+            problems[key] = "Must be a string."
+
+    filename = item.get("filename")
+    if "filename" not in problems:
+        assert isinstance(filename, str)
+        problem = _filename_problem(filename)
+        if problem:
+            problems["filename"] = problem
+
+    content_type = item.get("content_type")
+    if "content_type" not in problems:
+        assert isinstance(content_type, str)
+        content_type = content_type.strip().lower()
+        if content_type not in allowed:
+            problems["content_type"] = (
+                f"Content type {content_type[:100]!r} is not allowed; allowed: {', '.join(sorted(allowed))}."
+            )
+
+    if "content_base64" in problems:
+        return None
+    try:
+        # Strict: the alphabet only, correct padding, nothing after it.
+        content = binascii.a2b_base64(item["content_base64"].translate(_BASE64_WHITESPACE), strict_mode=True)
+    except (binascii.Error, ValueError):
+        problems["content_base64"] = "Not valid base64."
+        return None
+    return Attachment(filename=str(filename), content_type=str(content_type), content=content)
+
+
+def _filename_problem(filename: str) -> str | None:
+    if not filename.strip():
+        return "Must not be blank."
+    if len(filename) > MAX_FILENAME_LENGTH:
+        return f"Must be at most {MAX_FILENAME_LENGTH} characters (got {len(filename)})."
+    if any(ord(character) < 32 or character == "\x7f" for character in filename):
+        return "Must not contain line breaks or other control characters."
+    return None
+
+
 def _attachments(value: object, errors: dict[str, list[str]]) -> tuple[Attachment, ...]:
     field = "type_data.attachments"
     if value is None:
@@ -168,48 +216,12 @@ def _attachments(value: object, errors: dict[str, list[str]]) -> tuple[Attachmen
             errors[where] = ["Must be an object with filename, content_type and content_base64."]
             continue
         problems: dict[str, str] = {}
-        for key in sorted(set(item) - set(ATTACHMENT_FIELDS), key=str):
-            problems[str(key)[:40]] = "Unknown field."
-        for key in ATTACHMENT_FIELDS:
-            if item.get(key) is None:
-                problems[key] = "This field is required."
-            elif not isinstance(item[key], str):
-                problems[key] = "Must be a string."
-
-        filename = item.get("filename")
-        if "filename" not in problems:
-            assert isinstance(filename, str)
-            if not filename.strip():
-                problems["filename"] = "Must not be blank."
-            elif len(filename) > MAX_FILENAME_LENGTH:
-                problems["filename"] = f"Must be at most {MAX_FILENAME_LENGTH} characters (got {len(filename)})."
-            elif any(ord(character) < 32 or character == "\x7f" for character in filename):
-                problems["filename"] = "Must not contain line breaks or other control characters."
-
-        content_type = item.get("content_type")
-        if "content_type" not in problems:
-            assert isinstance(content_type, str)
-            content_type = content_type.strip().lower()
-            if content_type not in allowed:
-                problems["content_type"] = (
-                    f"Content type {content_type[:100]!r} is not allowed; allowed: {', '.join(sorted(allowed))}."
-                )
-
-        content = b""
-        if "content_base64" not in problems:
-            encoded = item["content_base64"]
-            try:
-                # Strict: the alphabet only, correct padding, nothing after it.
-                content = binascii.a2b_base64(encoded.translate(_BASE64_WHITESPACE), strict_mode=True)
-            except (binascii.Error, ValueError):
-                problems["content_base64"] = "Not valid base64."
-            total += len(content)
-
+        attachment = _attachment_read(item, allowed, problems)
+        total += len(attachment.content) if attachment is not None else 0
         for key, problem in problems.items():
             errors[f"{where}.{key}"] = [problem]
-        if not problems:
-            assert isinstance(filename, str) and isinstance(content_type, str)
-            attachments.append(Attachment(filename=filename, content_type=content_type, content=content))
+        if attachment is not None and not problems:
+            attachments.append(attachment)
     limit = settings.OUTBOX_MAX_ATTACHMENT_BYTES
     if total > limit:
         errors[field] = [f"Attachments total {total:,} bytes (decoded); at most {limit:,} are allowed."]

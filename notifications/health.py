@@ -26,12 +26,12 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from notifications.adapters import ADAPTER_PATHS, adapter_for
-from notifications.adapters.base import CHANNEL_FAILURES, HEALTHY_FAILURES
+from notifications.adapters import adapter_for
 from notifications.clock import database_now
 from notifications.counts import counts_kept, queued_by_channel
 from notifications.models import ChannelHealth, Notification
 from notifications.policies import ChannelPolicy, delivery_policies_all
+from notifications.vocabulary import ADAPTER_PATHS, CHANNEL_FAILURES, HEALTHY_FAILURES
 
 State = ChannelHealth.State
 

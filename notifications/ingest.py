@@ -25,14 +25,13 @@ from typing import Any, cast
 from django.db import transaction
 
 from notifications import db
-from notifications.adapters import ADAPTER_PATHS
-from notifications.adapters.base import targets_summary
 from notifications.channel_targets import teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
 from notifications.models import Notification
 from notifications.providers import notification_targets
 from notifications.trigger import dispatch_request
+from notifications.vocabulary import ADAPTER_PATHS, targets_summary
 
 logger = logging.getLogger(__name__)
 
@@ -238,39 +237,34 @@ def _parse_timestamp(value: object) -> datetime | str:
         return "Is out of range."
 
 
-def notification_validate(data: object, *, site_id: str) -> tuple[NotificationInput, None] | tuple[None, Rejection]:
-    """Validate one object submitted with the key of site ``site_id``.
-
-    Returns ``(NotificationInput, None)`` when valid, else ``(None, Rejection)``. A valid
-    object whose optional ``source_site_id`` is not ``site_id`` is rejected as
-    "site_mismatch" (the API answers 403); any other problem is "invalid" (400).
-    """
-    if not isinstance(data, dict):
-        return None, rejection_invalid({"non_field_errors": ["Each notification must be a JSON object."]})
-    errors: dict[str, list[str]] = {}
-
-    for name in sorted(set(data) - ACCEPTED_FIELDS, key=str):
-        errors[str(name)[:100]] = ["Unknown field."]
-
+def _notification_id_read(data: dict[str, Any], errors: dict[str, list[str]]) -> uuid.UUID | None:
+    """The submitted ``notification_id``, or None with its problem in ``errors``."""
     raw_id = data.get("notification_id")
-    notification_id = None
     if raw_id is None:
         errors["notification_id"] = ["This field is required."]
     elif not isinstance(raw_id, str):
         errors["notification_id"] = ["Must be a UUID string."]
     else:
         try:
-            notification_id = uuid.UUID(raw_id)
+            return uuid.UUID(raw_id)
         except ValueError:
             errors["notification_id"] = ["Must be a valid UUID."]
+    return None
 
+
+def _type_read(data: dict[str, Any], errors: dict[str, list[str]]) -> Any:
+    """The submitted ``type`` (default: email); an unknown one is a problem in ``errors``."""
     type_name = data.get("type")
     if type_name is None:
         type_name = DEFAULT_TYPE
     if not isinstance(type_name, str) or type_name not in ADAPTER_PATHS:
         known = ", ".join(sorted(ADAPTER_PATHS))
         errors["type"] = [f"Unknown notification type {str(type_name)[:40]!r}; known types: {known}."]
+    return type_name
 
+
+def _texts_read(data: dict[str, Any], errors: dict[str, list[str]]) -> dict[str, str | None]:
+    """The text fields (TEXT_RULES), normalised, or their defaults; problems in ``errors``."""
     texts: dict[str, str | None] = {}
     for rule in TEXT_RULES:
         value = data.get(rule.name)
@@ -289,23 +283,47 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
         if problem:
             errors[rule.name] = [problem]
         texts[rule.name] = value
+    return texts
 
+
+def _type_data_read(data: dict[str, Any], type_name: Any, errors: dict[str, list[str]]) -> Any:
+    """The submitted ``type_data`` (default: an empty object), checked for size and by its
+    type's own rules; problems in ``errors``."""
     type_data = data.get("type_data")
     if type_data is None:
         type_data = {}
     if not isinstance(type_data, dict):
         errors["type_data"] = ["Must be a JSON object."]
-    else:
-        typed = type_name if isinstance(type_name, str) and type_name in ADAPTER_PATHS else None
-        problem = _json_problem(type_data)
-        measured = TYPE_DATA_MEASURED[typed](type_data) if typed in TYPE_DATA_MEASURED else type_data
-        if not problem and len(json.dumps(measured)) > MAX_TYPE_DATA_BYTES:
-            problem = f"Must be at most {MAX_TYPE_DATA_BYTES} bytes as JSON."
-        if problem:
-            errors["type_data"] = [problem]
-        elif typed in TYPE_DATA_VALIDATORS:
-            errors.update(TYPE_DATA_VALIDATORS[typed](type_data))
+        return type_data
+    typed = type_name if isinstance(type_name, str) and type_name in ADAPTER_PATHS else None
+    problem = _json_problem(type_data)
+    measured = TYPE_DATA_MEASURED[typed](type_data) if typed in TYPE_DATA_MEASURED else type_data
+    if not problem and len(json.dumps(measured)) > MAX_TYPE_DATA_BYTES:
+        problem = f"Must be at most {MAX_TYPE_DATA_BYTES} bytes as JSON."
+    if problem:
+        errors["type_data"] = [problem]
+    elif typed in TYPE_DATA_VALIDATORS:
+        errors.update(TYPE_DATA_VALIDATORS[typed](type_data))
+    return type_data
 
+
+def notification_validate(data: object, *, site_id: str) -> tuple[NotificationInput, None] | tuple[None, Rejection]:
+    """Validate one object submitted with the key of site ``site_id``.
+
+    Returns ``(NotificationInput, None)`` when valid, else ``(None, Rejection)``. A valid
+    object whose optional ``source_site_id`` is not ``site_id`` is rejected as
+    "site_mismatch" (the API answers 403); any other problem is "invalid" (400).
+    """
+    if not isinstance(data, dict):
+        return None, rejection_invalid({"non_field_errors": ["Each notification must be a JSON object."]})
+    errors: dict[str, list[str]] = {}
+
+    for name in sorted(set(data) - ACCEPTED_FIELDS, key=str):
+        errors[str(name)[:100]] = ["Unknown field."]
+    notification_id = _notification_id_read(data, errors)
+    type_name = _type_read(data, errors)
+    texts = _texts_read(data, errors)
+    type_data = _type_data_read(data, type_name, errors)
     site_enqueued_at = None
     if data.get("site_enqueued_at") is not None:
         parsed = _parse_timestamp(data["site_enqueued_at"])

@@ -21,10 +21,10 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, Value
 from django.utils import timezone
 
-from notifications.adapters.base import FailureClass
 from notifications.counts import counts_fold, counts_kept, failures_since, oldest_queued, open_counts, stuck_counts
 from notifications.health import channels_unhealthy
 from notifications.models import DeliveryAttempt, Notification
+from notifications.vocabulary import FailureClass
 
 Status = Notification.Status
 COUNTS = ("queue_depth", "stuck", "parked", "expired", "delivered_last_interval", "partially_delivered_last_interval")

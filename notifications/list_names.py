@@ -18,10 +18,8 @@ configuration file; delivery finds the one by the other. All three go through th
 import re
 import unicodedata
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from notifications.models import NotificationList
+from notifications.models import NotificationList
 
 # Scripts of letters are told apart by the first word of their Unicode name ("LATIN SMALL
 # LETTER A", "CYRILLIC CAPITAL LETTER O"); the standard library has no script property.
@@ -86,12 +84,10 @@ def list_name_problem(name: str) -> str | None:
     return None
 
 
-def notification_lists_by_name(*, names: Iterable[str]) -> dict[str, "NotificationList"]:
+def notification_lists_by_name(*, names: Iterable[str]) -> dict[str, NotificationList]:
     """The configured list each of ``names`` refers to, by that name as given; names no list
     answers to are absent. Lists are few (a configuration table), so all of them are read and
     compared here by :func:`list_name_key`, never by the database's idea of case."""
-    from notifications.models import NotificationList
-
     wanted = {name: list_name_key(name) for name in names}
     if not wanted:
         return {}
@@ -101,10 +97,8 @@ def notification_lists_by_name(*, names: Iterable[str]) -> dict[str, "Notificati
     return {name: by_key[key] for name, key in wanted.items() if key in by_key}
 
 
-def notification_list_clash(*, name: str, exclude_pk: int | None = None) -> "NotificationList | None":
+def notification_list_clash(*, name: str, exclude_pk: int | None = None) -> NotificationList | None:
     """Another configured list with the same comparison key as ``name`` (a duplicate), or None."""
-    from notifications.models import NotificationList
-
     key = list_name_key(name)
     others = NotificationList.objects.only("pk", "name")
     if exclude_pk is not None:

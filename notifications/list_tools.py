@@ -9,9 +9,10 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 
-from notifications.adapters import ADAPTER_PATHS, adapter_for
+from notifications.adapters import adapter_for
 from notifications.ingest import notification_validate, notifications_ingest
 from notifications.models import EmailRecipient, NotificationList
+from notifications.vocabulary import ADAPTER_PATHS
 
 # Test notifications are ingested as from this pseudo-site, with this script name: the outbox
 # page finds them by either, and they are never mistaken for a real site's alarm.

@@ -28,8 +28,7 @@ import ipaddress
 import os
 import threading
 import time
-from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -40,7 +39,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from notifications.kpis import kpis_compute
 from notifications.metrics_files import MetricsFilesCollector
+from notifications.vocabulary import ADAPTER_PATHS
+from sites.services import sites_kpis
 
 # prometheus-client picks its mode once, when it is first imported: with PROMETHEUS_MULTIPROC_DIR
 # set, metric values are written to files in that directory, which must then exist.
@@ -81,40 +83,13 @@ def deliveries_observe(
     for channel, outcome, count in finished:
         if count:
             DELIVERIES.labels(channel=channel, outcome=outcome).inc(count)
-    by_channel: dict[str, list[float]] = {}
+    children: dict[str, Histogram] = {}
     for channel, seconds in durations:
-        by_channel.setdefault(channel, []).append(seconds)
-    for channel, amounts in by_channel.items():
-        histogram_observe_all(DELIVERY_SECONDS.labels(channel=channel), amounts)
-    histogram_observe_all(
-        INGEST_TO_DELIVERED, [max(0.0, (now - created_at).total_seconds()) for created_at in delivered_created]
-    )
-
-
-def histogram_observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
-    """``histogram.observe(amount)`` for every amount, but one increment per bucket and one of
-    the sum for all of them: a finish records a hundred durations at a time, and in
-    multiprocess mode every increment is a locked write to a memory-mapped file. Uses the
-    histogram's bucket values (prometheus-client's internals, checked here and in the tests);
-    observes one by one where they are not as expected."""
-    if not amounts:
-        return
-    bounds = getattr(histogram, "_upper_bounds", None)
-    buckets = getattr(histogram, "_buckets", None)
-    total = getattr(histogram, "_sum", None)
-    if not (isinstance(bounds, list) and isinstance(buckets, list) and total is not None) or len(bounds) != len(
-        buckets
-    ):
-        for amount in amounts:
-            histogram.observe(amount)
-        return
-    counts: dict[int, int] = {}
-    for amount in amounts:
-        index = bisect_left(bounds, amount)  # the first bucket whose bound is ≥ the amount, as observe() finds it
-        counts[index] = counts.get(index, 0) + 1
-    total.inc(sum(amounts))
-    for index, count in counts.items():
-        buckets[index].inc(count)
+        if channel not in children:
+            children[channel] = DELIVERY_SECONDS.labels(channel=channel)
+        children[channel].observe(seconds)
+    for created_at in delivered_created:
+        INGEST_TO_DELIVERED.observe(max(0.0, (now - created_at).total_seconds()))
 
 
 # --- figures from the database ------------------------------------------------------------------
@@ -150,10 +125,6 @@ kpi_cache = _KpiCache()
 def kpi_figures() -> dict[str, Any]:
     """One KPI pass (notifications.kpis with the sites' heartbeats), reduced to what the gauges
     export."""
-    from notifications.adapters import ADAPTER_PATHS
-    from notifications.kpis import kpis_compute
-    from sites.services import sites_kpis
-
     kpis = kpis_compute()
     open_channels = {entry["channel"] for entry in kpis["channels"]}  # open or half open
     return {

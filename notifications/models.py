@@ -10,12 +10,12 @@ from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from notifications.adapters import TYPE_CHOICES
-from notifications.adapters.base import FailureClass
 from notifications.backoff import STRATEGIES
-from notifications.db import NullsFirstIndex, instance_loaded
+from notifications.channel_targets import apprise_url_masked, url_masked
+from notifications.db import NullsFirstIndex
 from notifications.fields import EncryptedTextField
 from notifications.secret_binding import secrets_bind_changed, teams_url_digest
+from notifications.vocabulary import TYPE_CHOICES, FailureClass
 
 
 class NotificationStatus(models.TextChoices):
@@ -55,7 +55,7 @@ class Notification(models.Model):
     # they never count against the policy's max_attempts.
     channel_failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
-    # One entry per target with its outcome (notifications.adapters.base.TargetOutcome): who
+    # One entry per target with its outcome (notifications.vocabulary.TargetOutcome): who
     # has it, who refused it for good, who is still owed it (retried) and who may have it.
     resolved_targets = models.JSONField(default=list, blank=True)
     # Targets of resolved_targets that refused it for good: a Delivered row with any was
@@ -134,14 +134,6 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.notification_id} {self.status} {self.subject[:40]}"
-
-    @classmethod
-    def from_db(cls, db: str | None, field_names: Any, values: Any, **options: Any) -> "Notification":
-        """Rows are built without ``Model.__init__`` (:func:`~notifications.db.instance_loaded`):
-        the dispatcher claims thousands a second. Loads with options of a later Django go
-        Django's own way."""
-        loaded = None if options or db is None else instance_loaded(cls, db, field_names, values)
-        return loaded if loaded is not None else super().from_db(db, field_names, values, **options)
 
 
 class NotificationCount(models.Model):
@@ -339,6 +331,15 @@ class SmtpConfiguration(BoundSecrets, models.Model):
     password_binding = _binding("password")
     from_address = models.EmailField()
     timeout_seconds = models.PositiveIntegerField(default=10)
+    greeting_timeout_seconds = models.PositiveIntegerField(
+        default=30,
+        validators=[MinValueValidator(1)],
+        help_text=(
+            "How long to wait for the server's greeting (its 220) after connecting. Relays that "
+            "delay it on purpose (Postfix's postscreen, sendmail's greet_pause) need more than a few "
+            "seconds; RFC 5321 allows 5 minutes. Also bounded by the claim's lease (OUTBOX_LEASE_SECONDS)."
+        ),
+    )
     data_timeout_seconds = models.PositiveIntegerField(
         default=600,
         validators=[MinValueValidator(1)],
@@ -405,6 +406,9 @@ class SmtpConfiguration(BoundSecrets, models.Model):
             models.CheckConstraint(condition=models.Q(pk=1), name="smtp_configuration_singleton"),
             models.CheckConstraint(condition=models.Q(port__gte=1, port__lte=65535), name="smtp_port_range"),
             models.CheckConstraint(condition=models.Q(timeout_seconds__gte=1), name="smtp_timeout_positive"),
+            models.CheckConstraint(
+                condition=models.Q(greeting_timeout_seconds__gte=1), name="smtp_greeting_timeout_positive"
+            ),
             models.CheckConstraint(condition=models.Q(data_timeout_seconds__gte=1), name="smtp_data_timeout_positive"),
         ]
 
@@ -567,8 +571,6 @@ class TeamsTarget(models.Model):
         ]
 
     def __str__(self) -> str:
-        from notifications.channel_targets import url_masked
-
         return url_masked(self.url)
 
     def save(self, *args: Any, **kwargs: Any) -> None:
@@ -596,8 +598,6 @@ class WebhookTarget(BoundSecrets, models.Model):
         ]
 
     def __str__(self) -> str:
-        from notifications.channel_targets import url_masked
-
         return url_masked(self.url)
 
 
@@ -635,8 +635,6 @@ class AppriseTarget(models.Model):
         return self.display or "(Apprise URL)"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        from notifications.channel_targets import apprise_url_masked
-
         self.display = apprise_url_masked(self.url)[:500]
         super().save(*args, **kwargs)
 

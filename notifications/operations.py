@@ -30,13 +30,14 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import transaction
 from django.db.models import Q
 
-from notifications.adapters.base import CHANNEL_FAILURES, DeliveryError
+from notifications.adapters.base import DeliveryError
 from notifications.adapters.email import email_connect_test, email_send_test
 from notifications.clock import database_now
 from notifications.health import channel_health_probe_soon
 from notifications.models import Notification, SmtpConfiguration
 from notifications.policies import delivery_policy_for
 from notifications.trigger import dispatch_request
+from notifications.vocabulary import CHANNEL_FAILURES
 
 Status = Notification.Status
 User = AbstractBaseUser | AnonymousUser | None

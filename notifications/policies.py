@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from notifications.adapters import ADAPTER_PATHS, adapter_for
-from notifications.adapters.base import CHANNEL_FAILURES, FailureClass
+from notifications.adapters import adapter_for
 from notifications.backoff import STRATEGIES, RetryTiming, attempts_exhausted, expired, retry_delay
 from notifications.models import DeliveryPolicy, Notification, default_retry_on
+from notifications.vocabulary import ADAPTER_PATHS, CHANNEL_FAILURES, FailureClass
 
 Status = Notification.Status
 MAX_ERROR_LENGTH = 4000
@@ -133,31 +133,17 @@ def delivery_policy_validate(*, values: Mapping[str, Any]) -> dict[str, str]:
     for name in sorted(set(values) - set(POLICY_FIELDS)):
         problems[name] = "unknown field."
     for name, (kind, smallest) in POLICY_FIELDS.items():
-        if name not in values:
-            continue
-        value = values[name]
-        if kind is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, kind) and not isinstance(value, bool)
-        if not ok:
-            words = {str: "a string", int: "an integer", float: "a number", list: "a list of failure classes"}
-            problems[name] = f"must be {words[kind]}."
-        elif kind in (int, float) and value < smallest:
-            problems[name] = f"must be at least {smallest:g}."
+        problem = _policy_value_problem(values[name], kind, smallest) if name in values else None
+        if problem:
+            problems[name] = problem
     if "strategy" not in problems and "strategy" in values and values["strategy"] not in STRATEGIES:
         problems["strategy"] = f"{values['strategy']!r} is not one of {', '.join(STRATEGIES)}."
     if "jitter" not in problems and "jitter" in values and not 0 <= values["jitter"] <= 1:
         problems["jitter"] = "must be between 0 and 1."
     if "retry_on" not in problems and "retry_on" in values:
-        unknown = [item for item in values["retry_on"] if item not in FailureClass.values]
-        if unknown:
-            problems["retry_on"] = (
-                f"{', '.join(repr(item) for item in unknown)} not failure classes "
-                f"(known: {', '.join(FailureClass.values)})."
-            )
-        elif len(set(values["retry_on"])) != len(values["retry_on"]):
-            problems["retry_on"] = "lists a failure class twice."
+        problem = _retry_on_problem(values["retry_on"])
+        if problem:
+            problems["retry_on"] = problem
     first, most = values.get("breaker_cooldown_seconds"), values.get("breaker_max_cooldown_seconds")
     if (
         isinstance(first, int)
@@ -167,6 +153,31 @@ def delivery_policy_validate(*, values: Mapping[str, Any]) -> dict[str, str]:
     ):
         problems["breaker_max_cooldown_seconds"] = "must not be below breaker_cooldown_seconds."
     return problems
+
+
+def _policy_value_problem(value: Any, kind: type, smallest: float) -> str | None:
+    """What is wrong with one policy field's ``value`` of ``kind`` (numbers at least
+    ``smallest``), or None."""
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+    if not ok:
+        words = {str: "a string", int: "an integer", float: "a number", list: "a list of failure classes"}
+        return f"must be {words[kind]}."
+    if kind in (int, float) and value < smallest:
+        return f"must be at least {smallest:g}."
+    return None
+
+
+def _retry_on_problem(retry_on: list[Any]) -> str | None:
+    """What is wrong with a ``retry_on`` list (unknown or repeated failure classes), or None."""
+    unknown = [item for item in retry_on if item not in FailureClass.values]
+    if unknown:
+        return f"{', '.join(repr(item) for item in unknown)} not failure classes (known: {', '.join(FailureClass.values)})."
+    if len(set(retry_on)) != len(retry_on):
+        return "lists a failure class twice."
+    return None
 
 
 def delivery_policy_store(*, channel: str, values: Mapping[str, Any]) -> tuple[DeliveryPolicy, bool]:

@@ -31,9 +31,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from twilio.request_validator import RequestValidator
 
-from notifications.adapters.base import target_outcome
 from notifications.channel_targets import target_site_masked
 from notifications.models import ChannelConfiguration, Notification, ProviderMessage
+from notifications.vocabulary import target_outcome
 
 # Twilio's message statuses, by how far along they are: a callback never moves a target back.
 TWILIO_STATUS_RANK = {

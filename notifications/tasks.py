@@ -17,7 +17,9 @@ from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from notifications.clock import database_now
-from notifications.dispatch import dispatch_pass, dispatch_wait, dispatcher_process_settle, worker_id_new
+from notifications.dispatch.claim import worker_id_new
+from notifications.dispatch.runner import dispatch_pass, dispatcher_process_settle
+from notifications.dispatch.wait import dispatch_wait
 from notifications.purge import notifications_purge
 from notifications.schedules import PURGE_TASK
 from notifications.trigger import dispatch_enqueue

@@ -267,7 +267,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["notifications.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "notifications.api.exception_handler",
+    "EXCEPTION_HANDLER": "notifications.api_errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     # ASCII-escaped JSON: an error that echoes a client's invalid string (an unpaired
     # surrogate, say) must still render, never turn into a 500.
@@ -288,8 +288,6 @@ OUTBOX_STUCK_AGE = _positive("OUTBOX_STUCK_AGE", 600, "int")  # seconds
 OUTBOX_RETENTION_DAYS = _positive("OUTBOX_RETENTION_DAYS", 365, "int")
 OUTBOX_BATCH_SIZE = _positive("OUTBOX_BATCH_SIZE", 200, "int")  # most rows claimed per batch
 OUTBOX_CONCURRENCY = _positive("OUTBOX_CONCURRENCY", 16, "int")  # deliveries at a time (per process)
-# Email deliveries of a pass run on one thread with non-blocking sockets (false: a thread each).
-OUTBOX_DELIVERY_LOOP = _read("OUTBOX_DELIVERY_LOOP", "bool", True)
 OUTBOX_LEASE_SECONDS = _positive("OUTBOX_LEASE_SECONDS", 120, "int")
 OUTBOX_KPI_INTERVAL = _positive("OUTBOX_KPI_INTERVAL", 3600, "int")  # "delivered in last…"
 OUTBOX_MAX_BODY_BYTES = _positive("OUTBOX_MAX_BODY_BYTES", 1_048_576, "int")

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from notifications.api import ERROR_RESPONSES, ErrorSerializer
+from notifications.api_errors import ERROR_RESPONSES, ErrorSerializer
 from notifications.channel_targets import text_site_masked
 from sites.models import Site, SiteCommand, SiteParkedNotification
 from sites.services import (

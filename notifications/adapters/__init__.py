@@ -1,30 +1,19 @@
-"""Delivery adapters, one module per notification type, and the registry that names them.
+"""Delivery adapters, one module per notification type.
 
-The registry maps a notification ``type`` to the dotted path of its adapter class. It holds
-paths, not classes, so models can derive their choices without importing adapter code.
+Which adapter delivers which type is the registry in notifications.vocabulary (dotted paths,
+so that models derive their choices from it without importing adapter code); this package
+loads them.
 """
-
-from typing import TYPE_CHECKING
 
 from django.utils.module_loading import import_string
 
-if TYPE_CHECKING:
-    from notifications.adapters.base import Adapter
+from notifications.adapters.base import Adapter
+from notifications.vocabulary import ADAPTER_PATHS
 
-ADAPTER_PATHS = {
-    "email": "notifications.adapters.email.EmailAdapter",
-    "teams": "notifications.adapters.teams.TeamsAdapter",
-    "webhook": "notifications.adapters.webhook.WebhookAdapter",
-    "sms": "notifications.adapters.sms.SmsAdapter",
-    "apprise": "notifications.adapters.apprise.AppriseAdapter",
-}
-
-TYPE_CHOICES = [(name, name) for name in ADAPTER_PATHS]
-
-_loaded: dict[str, "Adapter"] = {}
+_loaded: dict[str, Adapter] = {}
 
 
-def adapter_for(type_name: str) -> "Adapter":
+def adapter_for(type_name: str) -> Adapter:
     """The adapter instance for ``type_name``; KeyError if no adapter is registered."""
     if type_name not in _loaded:
         _loaded[type_name] = import_string(ADAPTER_PATHS[type_name])()

@@ -14,89 +14,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from notifications.backoff import RetryTiming
+from notifications.vocabulary import OWED_OUTCOMES, FailureClass, TargetOutcome, target_outcome
 
 if TYPE_CHECKING:
-    from notifications.backoff import RetryTiming
     from notifications.models import Notification
-
-
-class FailureClass(models.TextChoices):
-    """Why an attempt failed, as one adapter-independent word (docs/architecture.md)."""
-
-    CONNECTION = "connection", "connection"
-    TIMEOUT = "timeout", "timeout"
-    AUTH = "auth", "authentication"
-    THROTTLED = "throttled", "throttled"
-    RECIPIENT_REJECTED = "recipient_rejected", "recipient rejected"
-    CONTENT_REJECTED = "content_rejected", "content rejected"
-    CONFIGURATION = "configuration", "configuration"
-    PROVIDER_ERROR = "provider_error", "provider error"
-    UNKNOWN = "unknown", "unknown"
-
-
-# The channel's fault, not the row's: they feed the channel's circuit breaker and never use up
-# a row's attempts (only its maximum age can park it for them).
-CHANNEL_FAILURES = frozenset({FailureClass.CONNECTION, FailureClass.TIMEOUT, FailureClass.AUTH, FailureClass.THROTTLED})
-# Answers that prove the channel works although this message failed: they close the breaker
-# like a success. (``configuration`` and ``unknown`` say nothing about the channel's health.)
-HEALTHY_FAILURES = frozenset(
-    {FailureClass.RECIPIENT_REJECTED, FailureClass.CONTENT_REJECTED, FailureClass.PROVIDER_ERROR}
-)
-
-
-class TargetOutcome(models.TextChoices):
-    """What happened to one target, as ``resolved_targets`` records it (docs/recipients.md)."""
-
-    DELIVERED = "delivered", "delivered"  # accepted by the server: never sent again
-    REFUSED = "refused", "refused"  # refused for good (e.g. SMTP 5xx): never sent again
-    DEFERRED = "deferred", "deferred"  # refused for now (4xx) or not reached: owed, retried
-    # Handed over, but the server's answer never came: it may have it. Retried once, with the
-    # same Message-ID so that a receiver can drop a second copy.
-    AMBIGUOUS = "ambiguous", "ambiguous"
-    # Ambiguous again on its retry: not sent again without an operator's Retry.
-    UNKNOWN = "unknown", "unknown"
-
-
-# Outcomes that a later attempt sends to again without anyone asking.
-OWED_OUTCOMES = frozenset({TargetOutcome.DEFERRED, TargetOutcome.AMBIGUOUS})
-# Outcomes written before per-target state existed, read as their present meaning.
-LEGACY_OUTCOMES = {"failed": TargetOutcome.UNKNOWN, "not sent": TargetOutcome.DEFERRED}
-
-
-def target_outcome(entry: dict[str, Any]) -> str:
-    """The outcome of one ``resolved_targets`` entry in today's words."""
-    outcome = str(entry.get("outcome", ""))
-    return LEGACY_OUTCOMES.get(outcome, outcome)
-
-
-def targets_summary(entries: Any) -> dict[str, Any] | None:
-    """Counts of ``resolved_targets`` by outcome, the refusal codes and one line for people
-    ("delivered to 118 of 120, 2 refused (550)"); None when nothing is recorded yet."""
-    if not isinstance(entries, list) or not entries:
-        return None
-    counts = dict.fromkeys(TargetOutcome.values, 0)
-    codes: set[int] = set()
-    for entry in entries:
-        if not isinstance(entry, dict):
-            continue
-        outcome = target_outcome(entry)
-        if outcome in counts:
-            counts[outcome] += 1
-        if outcome == TargetOutcome.REFUSED and isinstance(entry.get("smtp_code"), int):
-            codes.add(entry["smtp_code"])
-    total = len(entries)
-    parts = [f"delivered to {counts[TargetOutcome.DELIVERED]} of {total}"]
-    if counts[TargetOutcome.REFUSED]:
-        refused = f"{counts[TargetOutcome.REFUSED]} refused"
-        parts.append(f"{refused} ({', '.join(str(code) for code in sorted(codes))})" if codes else refused)
-    if counts[TargetOutcome.DEFERRED]:
-        parts.append(f"{counts[TargetOutcome.DEFERRED]} deferred (retried)")
-    if counts[TargetOutcome.AMBIGUOUS]:
-        parts.append(f"{counts[TargetOutcome.AMBIGUOUS]} not confirmed (retried with the same Message-ID)")
-    if counts[TargetOutcome.UNKNOWN]:
-        parts.append(f"{counts[TargetOutcome.UNKNOWN]} unknown (the server may have it)")
-    return {"total": total, **counts, "refused_codes": sorted(codes), "text": ", ".join(parts)}
 
 
 # Seconds (time.monotonic()) by which the delivery running in this thread must be over: the
@@ -198,10 +120,8 @@ def targets_owed(notification: "Notification") -> tuple[list[dict[str, Any]], li
 class Adapter:
     """Base class for one notification type's delivery."""
 
-    def default_timing(self) -> "RetryTiming":
+    def default_timing(self) -> RetryTiming:
         """The retry timing of the channel while no delivery policy is stored for it."""
-        from notifications.backoff import RetryTiming
-
         return RetryTiming()
 
     def endpoint(self) -> str | None:
@@ -221,7 +141,11 @@ class Adapter:
 
 
 class Session:
-    """Delivers notifications of one batch, reusing connections; thread-safe."""
+    """Delivers notifications of one batch, reusing connections; thread-safe. Every network
+    call blocks the calling thread at most ``timeout`` seconds (and never past the delivery's
+    deadline, :func:`delivery_time_left`)."""
+
+    timeout: float = 10.0
 
     def deliver(self, notification: "Notification", targets: list[str]) -> DeliveryResult:
         """Deliver ``notification`` to ``targets``; a DeliveryResult or a DeliveryError.

@@ -11,12 +11,9 @@ with the same Message-ID). A server that takes no more recipients in one transac
 
 A session keeps a small pool of open connections for a pass; each delivery takes one, uses it
 for one message and gives it back, so a batch of 200 costs ``concurrency`` TCP (and TLS)
-handshakes, not 200. Every network call has the configured timeout, but the wait for the answer
-to the end of the message, which has its own (``data_timeout_seconds``).
-
-The conversation is written as generators of network steps (:meth:`EmailSession.deliver_steps`,
-notifications.adapters.smtp_steps): a dispatch pass runs many on its own thread with
-non-blocking sockets; :meth:`EmailSession.deliver` runs one, blocking, on the caller's thread.
+handshakes, not 200. Every call blocks the delivering thread with the configured timeout, but
+the wait for the answer to the end of the message, which has its own (``data_timeout_seconds``);
+none waits past the delivery's deadline (the claim's lease).
 
 The console's "Send test email" goes through the same session (:func:`email_send_test`), so
 it connects, authenticates and classifies failures exactly as delivery does.
@@ -38,16 +35,12 @@ from typing import Any
 from django.utils import timezone
 
 from notifications.adapters.base import (
-    OWED_OUTCOMES,
     Adapter,
     DeliveryError,
     DeliveryResult,
-    FailureClass,
     Session,
-    TargetOutcome,
     delivery_deadline,
     delivery_time_left,
-    target_outcome,
     targets_owed,
 )
 from notifications.adapters.email_compose import email_compose, message_id_for
@@ -56,17 +49,19 @@ from notifications.adapters.smtp_connect import (
     AuthGate,
     ConnectFailure,
     ConnectSettings,
+    NoGreeting,
+    SmtpConnection,
     connect_hint,
     smtp_open,
     tls_context,
 )
-from notifications.adapters.smtp_steps import Blocking, Exchange, Steps, blocking_again, steps_run
 from notifications.backoff import RetryTiming
 from notifications.email_address import AddressNotSendable, address_ascii_domain, envelope_address, needs_smtputf8
 from notifications.email_content import EmailContent, email_content_read
 from notifications.list_names import notification_lists_by_name, text_control_problem
 from notifications.models import EmailRecipient, Notification, RecipientMode, SmtpConfiguration
 from notifications.secret_binding import secret_binding_problem
+from notifications.vocabulary import OWED_OUTCOMES, FailureClass, TargetOutcome, target_outcome
 
 TEST_SUBJECT = "Outbox SMTP test"
 TEST_BODY = "This is a test message from the Outbox administration console."
@@ -174,13 +169,13 @@ class EmailSession(Session):
         self._domain = self.from_address.rpartition("@")[2] or "outbox"
         self._auth_gate = AuthGate()  # one failed AUTH per session (pass) at most
         self._tls_context: ssl.SSLContext | None = None
-        self._idle: list[smtplib.SMTP] = []
+        self._idle: list[SmtpConnection] = []
         self._lock = threading.Lock()
         self._closed = False
 
     # --- connections ----------------------------------------------------------------------
 
-    def _connect(self) -> smtplib.SMTP:
+    def _connect(self) -> SmtpConnection:
         """A new connection, set up by notifications.adapters.smtp_connect (EHLO name, TLS
         trust, one AUTH per session after a failure). Raises ConnectFailure carrying the
         classified error with a hint for a port/security mismatch."""
@@ -210,35 +205,28 @@ class EmailSession(Session):
                 )
             raise ConnectFailure(failure) from exc
 
-    def _idle_take(self) -> smtplib.SMTP | None:
+    def _idle_take(self) -> SmtpConnection | None:
         """An idle connection, if there is one."""
         with self._lock:
             return self._idle.pop() if self._idle else None
 
-    def _give_back(self, smtp: smtplib.SMTP) -> None:
+    def _give_back(self, smtp: SmtpConnection) -> None:
         with self._lock:
             if not self._closed:
                 self._idle.append(smtp)
                 return
-        _quit(smtp)
+        smtp.quit_quietly()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
         for smtp in idle:
-            _quit(smtp)
+            smtp.quit_quietly()
 
     # --- delivery -------------------------------------------------------------------------
 
-    # Dispatch runs this session's deliveries as steps on one thread (notifications.adapters.smtp_steps).
-    runs_steps = True
-
     def deliver(self, notification: Notification, targets: list[str]) -> DeliveryResult:
-        """Deliver on this thread, blocking (:meth:`deliver_steps`)."""
-        return steps_run(self.deliver_steps(notification, targets))
-
-    def deliver_steps(self, notification: Notification, targets: list[str]) -> Steps[DeliveryResult]:
         """Deliver as the list's recipient mode says (see :class:`EmailTargets`): ``bcc`` and
         ``to`` as one message to the members and the Cc addresses (in as many transactions as
         the server takes recipients), ``individual`` as one message per member (and one for the
@@ -281,7 +269,7 @@ class EmailSession(Session):
                     continue
                 message = compose()
                 messages += 1
-                sent, failure, answer = yield from self._send_message(line, message, recipients, plan.unanswered)
+                sent, failure, answer = self._send_message(line, message, recipients, plan.unanswered)
                 entries += sent
                 reply = answer or reply
                 if failure is not None:
@@ -301,7 +289,7 @@ class EmailSession(Session):
 
     def _send_message(
         self, line: "_Line", message: bytes, recipients: list[str], unanswered: dict[str, int]
-    ) -> Steps[tuple[list[dict[str, Any]], DeliveryError | None, tuple[int, str] | None]]:
+    ) -> tuple[list[dict[str, Any]], DeliveryError | None, tuple[int, str] | None]:
         """One message to ``recipients``, in as many transactions as the server takes
         recipients in (a ``452 4.5.3`` "too many recipients" sends the rest in the next one,
         RFC 5321 §4.5.3.1.10). Returns every recipient's entry and the failure that kept any
@@ -314,11 +302,11 @@ class EmailSession(Session):
         remaining = list(recipients)
         while remaining:
             try:
-                smtp = yield from line.get()
+                smtp = line.get()
             except DeliveryError as error:
                 entries += [_entry(target, TargetOutcome.DEFERRED, error=error.message) for target in remaining]
                 return entries, error, reply
-            done = yield from self._transaction(smtp, message, remaining, unanswered)
+            done = self._transaction(smtp, message, remaining, unanswered)
             if done.broken and done.stale and line.reused:
                 # The server closed an idle pooled connection before we spoke: nothing was
                 # sent, so a fresh connection is safe to try.
@@ -331,13 +319,13 @@ class EmailSession(Session):
                 line.lose(done.failure)
                 return entries, failure, reply
             if done.needs_reset:
-                yield from line.reset()
+                line.reset()
             remaining = done.leftover
         return entries, failure, reply
 
     def _transaction(
-        self, smtp: smtplib.SMTP, message: bytes, targets: list[str], unanswered: dict[str, int]
-    ) -> "Steps[_Transaction]":
+        self, smtp: SmtpConnection, message: bytes, targets: list[str], unanswered: dict[str, int]
+    ) -> "_Transaction":
         """One SMTP transaction: MAIL FROM, RCPT TO for each target until the server takes no
         more (those are ``leftover``), DATA to the accepted ones. Never raises for what the
         server answers or for a lost connection: every target handled gets its entry."""
@@ -346,11 +334,9 @@ class EmailSession(Session):
         except ConnectFailure as exc:  # the From address cannot be written for this server
             return _Transaction(entries=_failed(targets, exc.error), failure=exc.error)
         if smtp.has_extn("pipelining"):
-            return (
-                yield from self._transaction_pipelined(smtp, message, targets, unanswered, sender, options, smtputf8)
-            )
+            return self._transaction_pipelined(smtp, message, targets, unanswered, sender, options, smtputf8)
         try:
-            ((code, reply),) = yield Exchange(smtp, smtp.mail_command(sender, options), 1)  # type: ignore[attr-defined]
+            ((code, reply),) = smtp.exchange(smtp.mail_command(sender, options), 1)
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="MAIL FROM")
             return _Transaction(
@@ -373,7 +359,7 @@ class EmailSession(Session):
                 entries.append(_not_sendable(target, exc))
                 continue
             try:
-                ((code, reply),) = yield Exchange(smtp, smtp.rcpt_command(address), 1)  # type: ignore[attr-defined]
+                ((code, reply),) = smtp.exchange(smtp.rcpt_command(address), 1)
             except (smtplib.SMTPException, OSError) as exc:
                 failure = classify(exc, stage="RCPT TO")
                 return _Transaction(
@@ -392,7 +378,7 @@ class EmailSession(Session):
                 entries.append(_entry(target, TargetOutcome.DEFERRED, code=code, error=_text(reply)))
         if not accepted:
             return _Transaction(entries=entries, needs_reset=True)
-        done = yield from self._data(smtp, message, accepted, unanswered)
+        done = self._data(smtp, message, accepted, unanswered)
         done.entries = entries + done.entries
         done.leftover = leftover
         done.accepted = len(accepted)
@@ -400,14 +386,14 @@ class EmailSession(Session):
 
     def _transaction_pipelined(
         self,
-        smtp: smtplib.SMTP,
+        smtp: SmtpConnection,
         message: bytes,
         targets: list[str],
         unanswered: dict[str, int],
         sender: str,
         options: list[str],
         smtputf8: bool,
-    ) -> "Steps[_Transaction]":
+    ) -> "_Transaction":
         """The transaction of :meth:`_transaction` for a server that advertises PIPELINING
         (RFC 2920), as real relays do: MAIL FROM, the RCPT TOs and DATA are written together
         (RCPT TOs in groups of PIPELINED_RECIPIENTS) and their replies read in order, so a
@@ -424,15 +410,16 @@ class EmailSession(Session):
                 entries.append(_not_sendable(target, exc))
         if not sendable:
             return _Transaction(entries=entries)
-        rcpt = [smtp.rcpt_command(address) for _, address in sendable]  # type: ignore[attr-defined]
+        every = [target for target, _ in sendable]
+        rcpt = [smtp.rcpt_command(address) for _, address in sendable]
         groups = [rcpt[start : start + PIPELINED_RECIPIENTS] for start in range(0, len(rcpt), PIPELINED_RECIPIENTS)]
         try:
-            first = [smtp.mail_command(sender, options), *groups[0]]  # type: ignore[attr-defined]
-            replies = yield _commands(smtp, first + (["DATA\r\n"] if len(groups) == 1 else []))
+            first = [smtp.mail_command(sender, options), *groups[0]]
+            replies = _commands(smtp, first + (["DATA\r\n"] if len(groups) == 1 else []))
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="MAIL FROM")
             return _Transaction(
-                entries=entries + _failed([target for target, _ in sendable], failure),
+                entries=entries + _failed(every, failure),
                 failure=failure,
                 broken=True,
                 # Lost before the server answered anything: nothing was taken.
@@ -441,33 +428,46 @@ class EmailSession(Session):
         code, reply = replies.pop(0)
         if code != 250:
             failure = classify(smtplib.SMTPSenderRefused(code, reply, self.from_address), stage="MAIL FROM")
-            entries += _failed([target for target, _ in sendable], failure)
             # The server refused every later command of the transaction; a 354 to DATA would
             # leave it waiting for content: the connection is not reused then.
             data_open = len(groups) == 1 and replies[-1][0] == 354
-            return _Transaction(entries=entries, failure=failure, needs_reset=not data_open, broken=data_open)
+            return _Transaction(
+                entries=entries + _failed(every, failure), failure=failure, needs_reset=not data_open, broken=data_open
+            )
         try:
             for group in groups[1:-1]:
-                replies += yield _commands(smtp, group)
+                replies += _commands(smtp, group)
             if len(groups) > 1:
-                replies += yield _commands(smtp, [*groups[-1], "DATA\r\n"])
+                replies += _commands(smtp, [*groups[-1], "DATA\r\n"])
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="RCPT TO")
-            return _Transaction(
-                entries=entries + _failed([target for target, _ in sendable], failure), failure=failure, broken=True
-            )
-        data_code, data_reply = replies.pop()
+            return _Transaction(entries=entries + _failed(every, failure), failure=failure, broken=True)
+        data = replies.pop()
+        return self._pipelined_judged(smtp, message, unanswered, entries, zip(every, replies, strict=True), data)
+
+    def _pipelined_judged(
+        self,
+        smtp: SmtpConnection,
+        message: bytes,
+        unanswered: dict[str, int],
+        entries: list[dict[str, Any]],
+        rcpt_replies: Iterable[tuple[str, tuple[int, bytes]]],
+        data: tuple[int, bytes],
+    ) -> "_Transaction":
+        """The pipelined transaction after its replies are in: each RCPT TO's reply judged
+        (accepted, refused, deferred, or over the server's recipient limit: ``leftover``, sent
+        in the next transaction), then the message to the accepted recipients after DATA's
+        354."""
         accepted: list[str] = []
         too_many: list[tuple[str, int, str]] = []
-        for (target, _), (code, reply) in zip(sendable, replies, strict=True):
+        for target, (code, reply) in rcpt_replies:
             if code in (250, 251):
                 accepted.append(target)
             elif _too_many_recipients(code, _text(reply)):
                 too_many.append((target, code, _text(reply)))
-            elif 500 <= code < 600:
-                entries.append(_entry(target, TargetOutcome.REFUSED, code=code, error=_text(reply)))
             else:
-                entries.append(_entry(target, TargetOutcome.DEFERRED, code=code, error=_text(reply)))
+                entries.append(_refused_or_deferred(target, code, reply))
+        data_code, data_reply = data
         if not accepted:
             # RFC 5321 §4.5.3.1.10: over the server's recipient limit with none taken is deferral.
             entries += [
@@ -476,49 +476,49 @@ class EmailSession(Session):
             if data_code == 354:
                 return _Transaction(entries=entries, broken=True)
             return _Transaction(entries=entries, needs_reset=True)
+        leftover = [target for target, _, _ in too_many]
         if data_code != 354:
             failure = classify(smtplib.SMTPDataError(data_code, data_reply), stage="DATA")
             return _Transaction(
                 entries=entries + _answered(accepted, data_code, data_reply),
                 failure=failure,
                 needs_reset=True,
-                leftover=[target for target, _, _ in too_many],
+                leftover=leftover,
             )
-        done = yield from self._message_send(smtp, message, accepted, unanswered)
+        done = self._message_send(smtp, message, accepted, unanswered)
         done.entries = entries + done.entries
-        # Those over the server's recipient limit go in the next transaction.
-        done.leftover = [target for target, _, _ in too_many]
+        done.leftover = leftover
         done.accepted = len(accepted)
         return done
 
     def _data(
-        self, smtp: smtplib.SMTP, message: bytes, accepted: list[str], unanswered: dict[str, int]
-    ) -> "Steps[_Transaction]":
+        self, smtp: SmtpConnection, message: bytes, accepted: list[str], unanswered: dict[str, int]
+    ) -> "_Transaction":
         """DATA, the message and the final dot. Until the final dot is sent a failure leaves
         the recipients deferred (the server cannot have the message); a failure while waiting
         for the answer to it leaves them ambiguous (it may). That wait has its own, longer
         timeout (``data_timeout_seconds``), bounded by the claim's lease."""
         try:
-            ((code, reply),) = yield Exchange(smtp, "DATA\r\n", 1)
+            ((code, reply),) = smtp.exchange("DATA\r\n", 1)
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="DATA")
             return _Transaction(entries=_failed(accepted, failure), failure=failure, broken=True)
         if code != 354:
             failure = classify(smtplib.SMTPDataError(code, reply), stage="DATA")
             return _Transaction(entries=_answered(accepted, code, reply), failure=failure, needs_reset=True)
-        return (yield from self._message_send(smtp, message, accepted, unanswered))
+        return self._message_send(smtp, message, accepted, unanswered)
 
     def _message_send(
-        self, smtp: smtplib.SMTP, message: bytes, accepted: list[str], unanswered: dict[str, int]
-    ) -> "Steps[_Transaction]":
+        self, smtp: SmtpConnection, message: bytes, accepted: list[str], unanswered: dict[str, int]
+    ) -> "_Transaction":
         """After DATA's 354: the message and the final dot, and the answer to it."""
         try:
-            yield Exchange(smtp, _dot_stuffed(message))
+            smtp.exchange(_dot_stuffed(message))
         except (smtplib.SMTPException, OSError) as exc:
             failure = classify(exc, stage="DATA")
             return _Transaction(entries=_failed(accepted, failure), failure=failure, broken=True)
         try:
-            ((code, reply),) = yield Exchange(smtp, None, 1, wait=self._data_wait())
+            ((code, reply),) = smtp.exchange(None, 1, wait=self._data_wait())
         except (smtplib.SMTPException, OSError) as exc:
             lost = classify(exc, stage="end of data")
             failure = DeliveryError(
@@ -624,11 +624,11 @@ def _refuse_line_breaks(values: Iterable[tuple[str, str]]) -> None:
             )
 
 
-def _commands(smtp: smtplib.SMTP, commands: list[str]) -> Exchange:
+def _commands(smtp: SmtpConnection, commands: list[str]) -> list[tuple[int, bytes]]:
     """Write ``commands`` (lines ending in CRLF) in one piece, then read one reply for each,
     in order (RFC 2920; only for a server that advertises PIPELINING). Every reply is read
     even when an early one refuses, so the connection stays in step."""
-    return Exchange(smtp, "".join(commands), len(commands))
+    return smtp.exchange("".join(commands), len(commands))
 
 
 def _without_repeats(addresses: Iterable[str]) -> list[str]:
@@ -772,6 +772,10 @@ def classify(exc: BaseException, *, stage: str = "") -> DeliveryError:
             failure_class=failure_class,
             detail={"smtp_code": code, "smtp_reply": text[:200], "stage": stage},
         )
+    if isinstance(exc, NoGreeting):
+        return DeliveryError(
+            f"SMTP server timed out{where}: {exc}", failure_class=FailureClass.TIMEOUT, detail={"stage": stage}
+        )
     if _timed_out(exc):
         return DeliveryError(
             f"SMTP server timed out{where}", failure_class=FailureClass.TIMEOUT, detail={"stage": stage}
@@ -830,20 +834,12 @@ def _text(value: bytes | str) -> str:
 _CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F) if chr(code) not in "\t\n"}
 
 
-def _quit(smtp: smtplib.SMTP) -> None:
-    try:
-        blocking_again(smtp)
-        smtp.quit()
-    except (smtplib.SMTPException, OSError):
-        _discard(smtp)
-
-
-def _discard(smtp: smtplib.SMTP) -> None:
+def _discard(smtp: SmtpConnection) -> None:
     with contextlib.suppress(OSError):
         smtp.close()
 
 
-def _mail_from(smtp: smtplib.SMTP, sender: str, message: bytes, targets: list[str]) -> tuple[bool, str, list[str]]:
+def _mail_from(smtp: SmtpConnection, sender: str, message: bytes, targets: list[str]) -> tuple[bool, str, list[str]]:
     """For MAIL FROM: whether SMTPUTF8 is used, the sender as written, and the parameters:
     ``SIZE=`` when the server advertises SIZE (an oversize message is refused before it is
     sent), ``SMTPUTF8`` when an address needs it and the server offers it."""
@@ -934,14 +930,14 @@ class _Line:
 
     def __init__(self, session: EmailSession) -> None:
         self.session = session
-        self.smtp: smtplib.SMTP | None = None
+        self.smtp: SmtpConnection | None = None
         self.reused = False
         self.first_reused = False
         self._pooled = True
         self._replacements = 1
         self._stopped: DeliveryError | None = None
 
-    def get(self) -> Steps[smtplib.SMTP]:
+    def get(self) -> SmtpConnection:
         """The connection; a DeliveryError when none can be had."""
         if self.smtp is not None:
             return self.smtp
@@ -956,7 +952,7 @@ class _Line:
             if idle is not None:
                 self.smtp, self.reused = idle, True
             else:
-                self.smtp, self.reused = (yield Blocking(self.session._connect)), False
+                self.smtp, self.reused = self.session._connect(), False
         except (smtplib.SMTPException, OSError) as exc:
             self._stopped = classify(exc, stage="connect")
             raise self._stopped from exc
@@ -978,13 +974,13 @@ class _Line:
         else:
             self._replacements -= 1
 
-    def reset(self) -> Steps[None]:
+    def reset(self) -> None:
         """After a refused or failed transaction: RSET, or a new connection next time."""
         if self.smtp is None:
             return
         try:
             self.smtp.command_encoding = "ascii"  # as smtplib's rset()
-            yield Exchange(self.smtp, "rset\r\n", 1)
+            self.smtp.exchange("rset\r\n", 1)
         except (smtplib.SMTPException, OSError):
             _discard(self.smtp)
             self.smtp = None
@@ -1030,6 +1026,13 @@ def _failed(targets: Iterable[str], failure: DeliveryError) -> list[dict[str, An
     """Targets a transaction failure kept from the message before it was handed over: owed."""
     code = failure.detail.get("smtp_code")
     return [_entry(target, TargetOutcome.DEFERRED, code=code, error=failure.message) for target in targets]
+
+
+def _refused_or_deferred(target: str, code: int, reply: bytes | str) -> dict[str, Any]:
+    """The entry of a recipient the server did not take at RCPT TO: 5xx refuses it for good,
+    anything else defers it."""
+    outcome = TargetOutcome.REFUSED if 500 <= code < 600 else TargetOutcome.DEFERRED
+    return _entry(target, outcome, code=code, error=_text(reply))
 
 
 def _answered(targets: Iterable[str], code: int, reply: bytes | str) -> list[dict[str, Any]]:
@@ -1083,7 +1086,17 @@ def _recipients_text(entries: Iterable[dict[str, Any]]) -> str:
     )
 
 
-_OUTCOMES = tuple(TargetOutcome.values)
+_OUTCOMES = tuple(TargetOutcome.values)  # computed by the enum on every access: once here
+
+
+def _counts(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How many of ``entries`` have each outcome (in today's words)."""
+    counts = dict.fromkeys(_OUTCOMES, 0)
+    for entry in entries:
+        outcome = target_outcome(entry)
+        if outcome in counts:
+            counts[outcome] += 1
+    return counts
 
 
 def _shape(
@@ -1095,16 +1108,10 @@ def _shape(
     reply: tuple[int, str] | None,
 ) -> DeliveryResult:
     """The attempt's result from every recipient's outcome (raises DeliveryError unless every
-    recipient has accepted or refused it for good, and one has accepted it)."""
-    counts = dict.fromkeys(_OUTCOMES, 0)
-    for entry in snapshot:
-        outcome = target_outcome(entry)
-        if outcome in counts:
-            counts[outcome] += 1
+    recipient has accepted or refused it for good, and one has accepted it). ``new``: this
+    attempt's outcomes; ``failures``: what kept any recipient from having it."""
+    counts, new_counts = _counts(snapshot), _counts(new)
     delivered, total = counts[TargetOutcome.DELIVERED], len(snapshot)
-    new_counts = dict.fromkeys(_OUTCOMES, 0)
-    for entry in new:
-        new_counts[entry["outcome"]] += 1
     detail.update(
         accepted=new_counts[TargetOutcome.DELIVERED],
         refused=new_counts[TargetOutcome.REFUSED],
@@ -1117,46 +1124,68 @@ def _shape(
         # The common case: every recipient accepted it.
         warning = _warning(snapshot) if any("unanswered" in entry for entry in snapshot) else ""
         return DeliveryResult(targets=snapshot, warning=warning[:2000], detail=detail)
-    owed = [entry for entry in snapshot if target_outcome(entry) in OWED_OUTCOMES]
-    unknown = [entry for entry in snapshot if target_outcome(entry) == TargetOutcome.UNKNOWN]
     ambiguous = [failure for failure in failures if failure.ambiguous]
     lead = ambiguous[0] if ambiguous else (failures[0] if failures else None)
-    if not owed and not unknown:
-        if delivered:
-            return DeliveryResult(targets=snapshot, warning=_warning(snapshot)[:2000], detail=detail)
-        # Every recipient refused it for good.
-        if lead is not None:
-            raise DeliveryError(
-                lead.message, failure_class=lead.failure_class, detail={**detail, **lead.detail}, targets=snapshot
-            )
-        error = _all_refused(snapshot)
-        error.detail = {**detail, **error.detail}
-        raise error
-    if not owed:
-        times = max(int(entry.get("unanswered") or UNANSWERED_HANDOVERS_MAX) for entry in unknown)
+    owed = [entry for entry in snapshot if target_outcome(entry) in OWED_OUTCOMES]
+    if owed:
+        raise _owed(snapshot, owed=owed, lead=lead, detail=detail, accepted_now=new_counts[TargetOutcome.DELIVERED] > 0)
+    if counts[TargetOutcome.UNKNOWN]:
+        raise _unknown(snapshot, lead=lead, detail=detail, ambiguous=bool(ambiguous))
+    if delivered:
+        return DeliveryResult(targets=snapshot, warning=_warning(snapshot)[:2000], detail=detail)
+    # Every recipient refused it for good.
+    if lead is not None:
         raise DeliveryError(
-            (
-                f"Delivered to {delivered} of {total} recipients; {len(unknown)} may have it: the server never "
-                f"answered after the whole message was sent, {times} times (the same Message-ID "
-                f"each time). Check the relay's log before a Retry. Last: {lead.message if lead else 'no answer'}"
-            )[:2000],
-            failure_class=lead.failure_class if lead else FailureClass.CONNECTION,
-            detail={**detail, **(lead.detail if lead else {})},
-            targets=snapshot,
-            ambiguous=bool(ambiguous),
-            outcome_unknown=True,
+            lead.message, failure_class=lead.failure_class, detail={**detail, **lead.detail}, targets=snapshot
         )
+    error = _all_refused(snapshot)
+    error.detail = {**detail, **error.detail}
+    raise error
+
+
+def _unknown(
+    snapshot: list[dict[str, Any]], *, lead: DeliveryError | None, detail: dict[str, Any], ambiguous: bool
+) -> DeliveryError:
+    """Nothing is owed, but some recipients' outcome stays unknown (handed over, never answered,
+    UNANSWERED_HANDOVERS_MAX times): the row parks with that reason."""
+    unknown = [entry for entry in snapshot if target_outcome(entry) == TargetOutcome.UNKNOWN]
+    delivered = sum(1 for entry in snapshot if target_outcome(entry) == TargetOutcome.DELIVERED)
+    times = max(int(entry.get("unanswered") or UNANSWERED_HANDOVERS_MAX) for entry in unknown)
+    return DeliveryError(
+        (
+            f"Delivered to {delivered} of {len(snapshot)} recipients; {len(unknown)} may have it: the server never "
+            f"answered after the whole message was sent, {times} times (the same Message-ID "
+            f"each time). Check the relay's log before a Retry. Last: {lead.message if lead else 'no answer'}"
+        )[:2000],
+        failure_class=lead.failure_class if lead else FailureClass.CONNECTION,
+        detail={**detail, **(lead.detail if lead else {})},
+        targets=snapshot,
+        ambiguous=ambiguous,
+        outcome_unknown=True,
+    )
+
+
+def _owed(
+    snapshot: list[dict[str, Any]],
+    *,
+    owed: list[dict[str, Any]],
+    lead: DeliveryError | None,
+    detail: dict[str, Any],
+    accepted_now: bool,
+) -> DeliveryError:
+    """Some recipients are still owed the message (retried): why, in the words and class of
+    the failure that kept them from it, or of their refusals for now."""
+    delivered = sum(1 for entry in snapshot if target_outcome(entry) == TargetOutcome.DELIVERED)
     if lead is not None:
         failure_class, reason, extra = lead.failure_class, lead.message, lead.detail
+    elif delivered == 0:
+        error = _all_refused(owed)
+        error.detail = {**detail, **error.detail}
+        error.targets = snapshot
+        return error
     else:
-        deferred = [entry for entry in owed if entry.get("smtp_code")]
-        if delivered == 0:
-            error = _all_refused(owed)
-            error.detail = {**detail, **error.detail}
-            error.targets = snapshot
-            raise error
         # Some recipients have it, so the channel works; the rest were refused for now.
-        accepted_now = new_counts[TargetOutcome.DELIVERED] > 0
+        deferred = [entry for entry in owed if entry.get("smtp_code")]
         failure_class = (
             FailureClass.PROVIDER_ERROR
             if accepted_now or not deferred
@@ -1165,13 +1194,15 @@ def _shape(
         reason, extra = f"refused for now: {_recipients_text(owed)}", {"stage": "RCPT TO"}
     message = reason
     if delivered:
-        message = f"Delivered to {delivered} of {total} recipients; {len(owed)} still owed it (retried): {reason}"
-    raise DeliveryError(
+        message = (
+            f"Delivered to {delivered} of {len(snapshot)} recipients; {len(owed)} still owed it (retried): {reason}"
+        )
+    return DeliveryError(
         message[:2000],
         failure_class=failure_class,
         detail={**detail, **extra},
         targets=snapshot,
-        ambiguous=bool(ambiguous),
+        ambiguous=bool(lead is not None and lead.ambiguous),
     )
 
 
@@ -1228,5 +1259,5 @@ def email_connect_test(*, config: SmtpConfiguration) -> str:
     except (smtplib.SMTPException, OSError) as exc:
         raise classify(exc, stage="NOOP") from exc
     finally:
-        _quit(smtp)
+        smtp.quit_quietly()
         session.close()

@@ -24,8 +24,9 @@ import httpx
 from django.conf import settings
 
 from notifications.adapters.base import Adapter, DeliveryError, DeliveryResult, FailureClass, Session
+from notifications.adapters.targets import targets_resolve
 from notifications.backoff import RetryTiming
-from notifications.channel_targets import Target, targets_resolve
+from notifications.channel_targets import Target
 from notifications.models import ChannelConfiguration, Notification
 
 # Longest Retry-After honoured: a receiver asking for more is retried at this delay (its

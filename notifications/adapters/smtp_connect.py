@@ -8,65 +8,44 @@ and for the console's "Send test email" alike, so both go through one code path.
   plus, when set, the configuration's ``ca_file`` (a private CA); ``client_cert`` and
   ``client_key`` present a client certificate; ``local_hostname`` is the name sent with EHLO
   (default: this host's fully qualified name).
-* **A fast answer to a wrong port.** A server that sends nothing within
-  :data:`GREETING_FIRST_BYTE_SECONDS` after the TCP connection is usually an implicit-TLS
-  port (465) spoken to in plain text; the connection fails then, not after the full timeout.
-  Only the first byte is awaited that briefly: relays that pause mid-greeting (Postfix's
-  postscreen) have the configured timeout for the rest.
+* **The greeting.** The server's 220 may take ``greeting_timeout_seconds`` (default 30 s):
+  relays that delay it on purpose (Postfix's postscreen, sendmail's ``greet_pause``) are waited
+  for, while a server that says nothing at all — usually an implicit-TLS port (465) spoken to
+  in plain text — fails with a hint saying so (:class:`NoGreeting`).
 * **One AUTH, one mechanism.** smtplib's ``login`` tries every common mechanism in turn, two
   or three failed logins per connection; here one mechanism is chosen from what the server
   offers and tried once. A session (one dispatch pass) remembers an authentication failure
   (:class:`AuthGate`) and fails its later connections with it without connecting again, and
   connections wait for the first AUTH of the pass to succeed before trying theirs, so a wrong
   password costs one failed login per pass, never a burst that locks the account.
-* **Waits in the kernel once connected.** A plaintext connection, once it is set up, waits for
-  the server with the kernel's own socket timeouts (``SO_RCVTIMEO``/``SO_SNDTIMEO``) on a
-  blocking socket instead of Python's: each read or write is then one system call instead of
-  a ``poll`` and the call, and a thread gives up the interpreter lock once per call instead of
-  twice. With eight delivery threads, measured on two cores, that is a third less CPU a
-  message (:func:`transfer_mode`). This is how a connection waits when its conversation runs
-  blocking (notifications.adapters.smtp_steps: the console's test email, or dispatch with
-  ``OUTBOX_DELIVERY_LOOP=false``); a dispatch pass's own loop makes the socket non-blocking. Writes larger than :data:`KERNEL_SEND_BYTES` keep Python's
-  timeout, which bounds the whole write (the kernel's restarts whenever the server reads a
-  little). TLS connections keep Python's timeouts: on a blocking TLS socket a read that timed
-  out in the kernel would be retried by the ssl module, never raised.
+* **Blocking calls with timeouts.** A connection is a plain blocking ``smtplib.SMTP`` whose
+  every read and write waits at most ``timeout_seconds`` (the answer to a message's end: its
+  own wait, :meth:`SmtpConnection.exchange`), and never past the delivery's deadline (the
+  claim's lease, :func:`~notifications.adapters.base.delivery_time_left`).
 """
 
 import contextlib
-import io
 import smtplib
 import socket
 import ssl
-import struct
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from notifications.adapters.base import DeliveryError, FailureClass
+from notifications.adapters.base import DeliveryError, delivery_time_left
+from notifications.vocabulary import FailureClass
 
-if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
-
-# How long the server may stay silent before its first byte (see the module docstring).
-GREETING_FIRST_BYTE_SECONDS = 5.0
 # The implicit-TLS submission port (RFC 8314).
 IMPLICIT_TLS_PORT = 465
 # Password mechanisms in the order they are preferred when the connection is encrypted;
 # without encryption CRAM-MD5 (which does not send the password) comes first.
 PASSWORD_MECHANISMS = ("PLAIN", "LOGIN", "CRAM-MD5")
-# Kernel socket timeouts (see the module docstring) are set as a Linux ``struct timeval``;
-# elsewhere connections keep Python's timeouts.
-KERNEL_TIMEOUTS = sys.platform.startswith("linux")
-# Writes larger than this (a message with attachments) use Python's timeout even then: it
-# bounds the whole write, where the kernel's restarts with every piece the server takes. A
-# write this small goes into the socket's buffer at once (Linux starts it at 16 KiB).
-KERNEL_SEND_BYTES = 16 * 1024
-# The shortest kernel timeout set (zero would mean "wait for ever").
-MIN_KERNEL_TIMEOUT = 0.001
+# The shortest wait set on a socket when the delivery's deadline is (nearly) reached: zero
+# would make the socket non-blocking instead of timing out at once.
+MIN_WAIT_SECONDS = 0.001
 
 
 class ConnectFailure(smtplib.SMTPException):
@@ -88,6 +67,7 @@ class ConnectSettings:
     port: int
     security: str
     timeout: float
+    greeting_timeout: float = 30.0
     username: str = ""
     password: str = ""
     local_hostname: str = ""
@@ -109,6 +89,7 @@ class ConnectSettings:
             port=config.port,
             security=config.security,
             timeout=config.timeout_seconds,
+            greeting_timeout=config.greeting_timeout_seconds,
             username=config.username,
             password=config.password,
             local_hostname=config.local_hostname,
@@ -181,12 +162,72 @@ def _quoted(address: str) -> str:
     return smtplib.quoteaddr(address)
 
 
-class _QuotingOnce:
-    """``mail`` and ``rcpt`` exactly as smtplib writes them, with the address quoted by
-    :func:`_quoted`; and the same commands as lines, for writing several at once
-    (the email adapter's pipelined transaction, RFC 2920)."""
+def lease_bounded(seconds: float) -> float:
+    """``seconds``, or the time the delivery has left when that is shorter (never zero)."""
+    left = delivery_time_left()
+    return seconds if left is None else max(min(seconds, left), MIN_WAIT_SECONDS)
 
-    def mail_command(self: Any, sender: str, options: Sequence[str] = ()) -> str:
+
+class SmtpConnection(smtplib.SMTP):
+    """smtplib's blocking client as Outbox uses it: connected when made, waiting
+    ``greeting_timeout`` for the greeting; MAIL FROM and RCPT TO with each address quoted once
+    (:func:`_quoted`), also as lines to write several at once (the email adapter's pipelined
+    transaction, RFC 2920); and :meth:`exchange`, which bounds every wait."""
+
+    _greeting = False  # the reply being read is the greeting
+
+    def __init__(self, settings: ConnectSettings) -> None:
+        self._greeting_wait = lease_bounded(settings.greeting_timeout)
+        super().__init__(
+            settings.host, settings.port, local_hostname=settings.ehlo_name, timeout=lease_bounded(settings.timeout)
+        )
+        self.timeout = settings.timeout
+
+    def connect(self, host: str = "localhost", port: int = 0, source_address: Any = None) -> tuple[int, bytes]:
+        self._greeting = True
+        try:
+            return super().connect(host, port, source_address)
+        finally:
+            self._greeting = False
+
+    def getreply(self) -> tuple[int, bytes]:
+        if not self._greeting or self.sock is None:
+            return super().getreply()
+        # The greeting has a wait of its own; the connection's timeout bounds the rest.
+        self._greeting = False
+        timeout = self.sock.gettimeout()
+        self.sock.settimeout(self._greeting_wait)
+        try:
+            return super().getreply()
+        except smtplib.SMTPServerDisconnected as exc:
+            if isinstance(exc.__context__, TimeoutError):
+                raise NoGreeting(self._greeting_wait) from exc
+            raise
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(timeout)
+
+    def exchange(
+        self, data: bytes | str | None, replies: int = 0, *, wait: float | None = None
+    ) -> list[tuple[int, bytes]]:
+        """Write ``data`` (a str is encoded as smtplib encodes commands), then read ``replies``
+        replies, in order, as ``getreply`` returns them. A write, and every read, waits at most
+        the connection's timeout, never past the delivery's deadline; ``wait`` instead for the
+        replies (the answer to a message's end). Failures raise as smtplib's calls do (the
+        connection closed, a timeout as the cause or context)."""
+        if data:
+            self._wait(lease_bounded(self.timeout))
+            self.send(data)
+        if not replies:
+            return []
+        self._wait(lease_bounded(self.timeout) if wait is None else wait)
+        return [self.getreply() for _ in range(replies)]
+
+    def _wait(self, seconds: float) -> None:
+        if self.sock is not None and self.sock.gettimeout() != seconds:
+            self.sock.settimeout(seconds)
+
+    def mail_command(self, sender: str, options: Sequence[str] = ()) -> str:
         optionlist = ""
         if options and self.does_esmtp:
             if any(option.lower() == "smtputf8" for option in options):
@@ -196,17 +237,41 @@ class _QuotingOnce:
             optionlist = " " + " ".join(options)
         return _line(f"mail FROM:{_quoted(sender)}{optionlist}")
 
-    def rcpt_command(self: Any, recip: str, options: Sequence[str] = ()) -> str:
+    def rcpt_command(self, recip: str, options: Sequence[str] = ()) -> str:
         optionlist = " " + " ".join(options) if options and self.does_esmtp else ""
         return _line(f"rcpt TO:{_quoted(recip)}{optionlist}")
 
-    def mail(self: Any, sender: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
+    def mail(self, sender: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
         self.send(self.mail_command(sender, options))
         return self.getreply()
 
-    def rcpt(self: Any, recip: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
+    def rcpt(self, recip: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
         self.send(self.rcpt_command(recip, options))
         return self.getreply()
+
+    def quit_quietly(self) -> None:
+        """QUIT (waiting at most the connection's timeout), or just close when that fails."""
+        try:
+            self._wait(self.timeout)
+            self.quit()
+        except (smtplib.SMTPException, OSError):
+            _close(self)
+
+
+class SmtpsConnection(SmtpConnection, smtplib.SMTP_SSL):
+    """:class:`SmtpConnection` over implicit TLS."""
+
+    def __init__(self, settings: ConnectSettings, *, context: ssl.SSLContext | None) -> None:
+        self._greeting_wait = lease_bounded(settings.greeting_timeout)
+        smtplib.SMTP_SSL.__init__(
+            self,
+            settings.host,
+            settings.port,
+            local_hostname=settings.ehlo_name,
+            timeout=lease_bounded(settings.timeout),
+            context=context,
+        )
+        self.timeout = settings.timeout
 
 
 def _line(command: str) -> str:
@@ -217,147 +282,8 @@ def _line(command: str) -> str:
     return f"{command}\r\n"
 
 
-class _Receiver(io.RawIOBase):
-    """The reading side of a plaintext connection (smtplib reads replies through a buffered
-    reader over it): ``recv_into``, with a read that timed out in the kernel (``EAGAIN`` once
-    ``SO_RCVTIMEO`` has passed, see :func:`transfer_mode`) raised as the TimeoutError a Python
-    timeout raises, so both read the same to the caller (a failure of class timeout).
-
-    ``wait_until`` (a ``time.monotonic()`` time, set by :func:`reply_wait`) lets the reads wait
-    longer than the connection's timeout: a read that timed out waits again for what is left,
-    and only then fails. The answer to a message's end usually comes well within the
-    connection's timeout, so the longer wait costs no system call unless it is needed."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
-        self._sock = sock
-        self.wait_until: float | None = None
-        self.extended = False  # SO_RCVTIMEO was changed for a longer wait
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while True:
-            try:
-                return self._sock.recv_into(buffer)
-            except BlockingIOError as exc:
-                left = 0.0 if self.wait_until is None else self.wait_until - time.monotonic()
-                if left < MIN_KERNEL_TIMEOUT:
-                    raise TimeoutError("timed out") from exc
-                _kernel_timeout(self._sock, socket.SO_RCVTIMEO, left)
-                self.extended = True
-
-
-class _SMTP(_QuotingOnce, smtplib.SMTP):
-    """smtplib.SMTP waiting only :data:`GREETING_FIRST_BYTE_SECONDS` for the greeting's first
-    byte, and able to wait with kernel timeouts once set up (:func:`transfer_mode`)."""
-
-    _greeting = False
-    kernel_timeouts = False  # set by transfer_mode
-    receiver: _Receiver | None = None  # the reading side of a plaintext connection
-
-    def connect(self, host: str = "localhost", port: int = 0, source_address: Any = None) -> tuple[int, bytes]:
-        self._greeting = True
-        try:
-            return super().connect(host, port, source_address)
-        finally:
-            self._greeting = False
-
-    def getreply(self) -> tuple[int, bytes]:
-        if self._greeting and self.sock is not None and not isinstance(self.sock, ssl.SSLSocket):
-            self._greeting = False
-            wait = min(GREETING_FIRST_BYTE_SECONDS, self.timeout) if self.timeout else GREETING_FIRST_BYTE_SECONDS
-            self.sock.settimeout(wait)
-            try:
-                self.sock.recv(1, socket.MSG_PEEK)
-            except TimeoutError as exc:
-                raise NoGreeting(wait) from exc
-            finally:
-                self.sock.settimeout(self.timeout)
-        if self.file is None and self.sock is not None and not isinstance(self.sock, ssl.SSLSocket):
-            self.receiver = _Receiver(self.sock)
-            self.file = io.BufferedReader(self.receiver)
-        return super().getreply()
-
-    def send(self, s: "ReadableBuffer | str") -> None:
-        sock = self.sock
-        if self.kernel_timeouts and sock is not None and len(s) > KERNEL_SEND_BYTES:  # type: ignore[arg-type]
-            # The kernel's timeout is per call and restarts whenever the server takes a little:
-            # a server reading a byte at a time would hold a large message past the lease.
-            # Python's bounds the whole write.
-            sock.settimeout(self.timeout)
-            try:
-                super().send(s)
-            finally:
-                if self.sock is not None:
-                    self.sock.settimeout(None)
-            return
-        try:
-            super().send(s)
-        except smtplib.SMTPServerDisconnected as exc:
-            if isinstance(exc.__context__, BlockingIOError):  # SO_SNDTIMEO passed: a timeout
-                raise smtplib.SMTPServerDisconnected("Server not connected: timed out") from TimeoutError("timed out")
-            raise
-
-
-def transfer_mode(smtp: smtplib.SMTP) -> None:
-    """Once ``smtp`` is set up (greeted, EHLO, authenticated): a plaintext connection waits
-    from now on with the kernel's timeouts, ``smtp.timeout`` for every read and write, on a
-    blocking socket (see the module docstring). A TLS connection, or one on a system other
-    than Linux, is left as it is."""
-    sock = smtp.sock
-    if not (KERNEL_TIMEOUTS and isinstance(smtp, _SMTP) and smtp.timeout and sock is not None):
-        return
-    if isinstance(sock, ssl.SSLSocket):
-        return
-    _kernel_timeout(sock, socket.SO_SNDTIMEO, smtp.timeout)
-    _kernel_timeout(sock, socket.SO_RCVTIMEO, smtp.timeout)
-    sock.settimeout(None)
-    smtp.kernel_timeouts = True
-
-
-@contextlib.contextmanager
-def reply_wait(smtp: smtplib.SMTP, seconds: float) -> Iterator[None]:
-    """Within: reads of ``smtp`` wait up to ``seconds`` (the answer to a message's end), then
-    the connection's timeout again, in whichever way the connection waits
-    (:func:`transfer_mode`)."""
-    receiver = getattr(smtp, "receiver", None)
-    if not getattr(smtp, "kernel_timeouts", False) or receiver is None:
-        if smtp.sock is not None:
-            smtp.sock.settimeout(seconds)
-        try:
-            yield
-        finally:
-            if smtp.sock is not None:
-                smtp.sock.settimeout(smtp.timeout)
-        return
-    receiver.wait_until = time.monotonic() + seconds
-    if seconds < smtp.timeout and smtp.sock is not None:  # shorter than the connection's: at once
-        _kernel_timeout(smtp.sock, socket.SO_RCVTIMEO, seconds)
-        receiver.extended = True
-    try:
-        yield
-    finally:
-        receiver.wait_until = None
-        if receiver.extended and smtp.sock is not None:
-            _kernel_timeout(smtp.sock, socket.SO_RCVTIMEO, smtp.timeout)
-        receiver.extended = False
-
-
-def _kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
-    """Set ``option`` (SO_RCVTIMEO or SO_SNDTIMEO) to ``seconds``, never to zero (which would
-    mean "wait for ever")."""
-    micros = max(int(seconds * 1_000_000), int(MIN_KERNEL_TIMEOUT * 1_000_000))
-    sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("@ll", micros // 1_000_000, micros % 1_000_000))
-
-
-class _SMTP_SSL(_QuotingOnce, smtplib.SMTP_SSL):
-    pass
-
-
 class NoGreeting(TimeoutError):
-    """The server said nothing within the greeting's first-byte wait."""
+    """The server said nothing within the greeting's wait."""
 
     def __init__(self, seconds: float) -> None:
         super().__init__(f"no greeting within {seconds:g} s")
@@ -398,29 +324,19 @@ def smtp_open(
     gate: AuthGate,
     classify: Callable[[BaseException], DeliveryError],
     token: Callable[[], str] | None = None,
-) -> smtplib.SMTP:
+) -> SmtpConnection:
     """A connected, greeted (EHLO), encrypted (as configured) and authenticated connection.
     Raises smtplib/OS errors (tagged with ``stage``) or ConnectFailure. ``token`` gives the
     OAuth access token for ``auth_method`` xoauth2."""
     if settings.authenticates:
         gate.check()  # AUTH already failed in this session: do not even connect
-    smtp: smtplib.SMTP
-    stage = "connect"
     try:
-        if settings.security == "tls":
-            smtp = _SMTP_SSL(local_hostname=settings.ehlo_name, timeout=settings.timeout, context=context)
-        else:
-            smtp = _SMTP(local_hostname=settings.ehlo_name, timeout=settings.timeout)
-        setattr(smtp, "_host", settings.host)  # noqa: B010 (TLS server_hostname; smtplib sets it only in __init__)
-        code, reply = smtp.connect(settings.host, settings.port)
-        if code != 220:
-            _close(smtp)
-            raise smtplib.SMTPConnectError(code, reply)
+        smtp = SmtpsConnection(settings, context=context) if settings.security == "tls" else SmtpConnection(settings)
     except (smtplib.SMTPException, OSError) as exc:
-        exc.stage = stage  # type: ignore[attr-defined]
+        exc.stage = "connect"  # type: ignore[attr-defined]
         raise
+    stage = "EHLO"
     try:
-        stage = "EHLO"
         _ehlo(smtp)
         if settings.security == "starttls":
             stage = "STARTTLS"
@@ -435,7 +351,6 @@ def smtp_open(
             exc.stage = stage  # type: ignore[attr-defined]
         _close(smtp)
         raise
-    transfer_mode(smtp)
     return smtp
 
 

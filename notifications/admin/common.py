@@ -3,6 +3,7 @@
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.http import HttpRequest, HttpResponseRedirect
@@ -42,3 +43,14 @@ class ReadOnlyRecords:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class DiscardForm(forms.Form):
+    """The reason an operator gives for a Discard (required)."""
+
+    reason = forms.CharField(
+        label="Reason",
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Required: kept with the notification, with your name and the time.",
+    )

@@ -15,9 +15,10 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.text import smart_split, unescape_string_literal
 
 from notifications import db
-from notifications.adapters import TYPE_CHOICES
+from notifications.console import cause_q
 from notifications.list_names import list_name_key
 from notifications.models import Notification, NotificationList
+from notifications.vocabulary import TYPE_CHOICES
 from sites.models import Site
 
 Status = Notification.Status
@@ -368,8 +369,6 @@ class ParkedCauseFilter(_HiddenFilter):
         value = self.value()
         if value is None:
             return queryset
-        from notifications.console import cause_q
-
         return queryset.filter(cause_q(value))
 
 

@@ -16,7 +16,6 @@ from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from notifications.adapters import ADAPTER_PATHS
 from notifications.admin.channels import CHANNEL_INLINES
 from notifications.admin.common import missing_object_redirect
 from notifications.email_address import email_address_problem
@@ -30,6 +29,7 @@ from notifications.list_tools import (
     list_send_test,
 )
 from notifications.models import EmailRecipient, NotificationList
+from notifications.vocabulary import ADAPTER_PATHS
 
 
 class NotificationListForm(forms.ModelForm):

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from datetime import UTC, date, timedelta
 from typing import Any, cast
 
-from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets, unquote
@@ -28,8 +27,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from notifications import db
-from notifications.adapters.base import targets_summary
-from notifications.admin.common import ReadOnlyRecords, json_block, missing_object_redirect
+from notifications.admin.common import DiscardForm, ReadOnlyRecords, json_block, missing_object_redirect
 from notifications.admin.filters import (
     CreatedRangeFilter,
     DeliveryFilter,
@@ -58,6 +56,7 @@ from notifications.operations import (
     notification_retry,
     notification_retry_now,
 )
+from notifications.vocabulary import targets_summary
 from sites.models import Site
 
 Status = Notification.Status
@@ -713,15 +712,6 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         if response is not None:
             return response
         return HttpResponseRedirect(reverse("admin:notifications_notification_change", args=[obj.pk]))
-
-
-class DiscardForm(forms.Form):
-    reason = forms.CharField(
-        label="Reason",
-        max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Required: kept with the notification, with your name and the time.",
-    )
 
 
 def clipped(text: str, fits: int, *, limit: int = 1000) -> str:

@@ -29,6 +29,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from notifications.admin.common import DiscardForm
 from notifications.console import parked_cause_rows, parked_groups, redrive_progress, retried_at
 from notifications.console_time import COOKIE, COOKIE_MAX_AGE, console_time, zone_parse
 from notifications.models import Notification
@@ -168,8 +169,6 @@ class OutboxConsoleViews(_Base):
 
     def parked_discard_view(self, request: HttpRequest) -> HttpResponseBase:
         """Discard every Parked row of one cause, with a reason (a confirmation page first)."""
-        from notifications.admin.outbox import DiscardForm
-
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.has_discard_permission(request):

@@ -11,10 +11,10 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from notifications.adapters.base import FailureClass
 from notifications.clock import database_now
 from notifications.models import ChannelHealth, DeliveryPolicy
 from notifications.policies import POLICY_FIELDS, delivery_policy_validate
+from notifications.vocabulary import FailureClass
 
 
 class DeliveryPolicyForm(forms.ModelForm):

@@ -41,6 +41,7 @@ FIELD_BOUNDS = {
         "The port must be a number from 1 to 65535 (usually 587 for STARTTLS, 465 for implicit TLS, 25 for plain SMTP).",
     ),
     "timeout_seconds": (1, None, "The timeout must be at least 1 second."),
+    "greeting_timeout_seconds": (1, None, "The greeting timeout must be at least 1 second."),
 }
 # The write-only credentials (blank keeps the stored one) and their "remove" boxes. Each is bound
 # to the destination it was entered for (notifications.secret_binding).
@@ -93,6 +94,7 @@ class SmtpConfigurationForm(forms.ModelForm):
             "password",
             "from_address",
             "timeout_seconds",
+            "greeting_timeout_seconds",
             "data_timeout_seconds",
             "max_retries",
             "retry_interval_seconds",
@@ -162,6 +164,16 @@ class SmtpConfigurationForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         cleaned["auth_method"] = cleaned.get("auth_method") or SmtpConfiguration.AuthMethod.PASSWORD
+        self._clean_credentials(cleaned)
+        if cleaned.get("auth_method") == SmtpConfiguration.AuthMethod.XOAUTH2:
+            self._check_xoauth2(cleaned)
+        if cleaned.get("client_key") and not cleaned.get("client_cert") and "client_key" not in self.errors:
+            self.add_error("client_key", "A client key needs its client certificate.")
+        return cleaned
+
+    def _clean_credentials(self, cleaned: dict[str, Any]) -> None:
+        """Each credential: removed when its box is ticked, entered when typed, else kept — but
+        only if the destination it is bound to did not change (notifications.secret_binding)."""
         stored = SmtpConfiguration.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
         self.entered = []
         for name, clear in CREDENTIALS.items():
@@ -174,20 +186,18 @@ class SmtpConfigurationForm(forms.ModelForm):
                 if problem:
                     self.add_error(name, problem)
                 cleaned[name] = getattr(stored, name) if stored is not None else ""
-        if cleaned.get("auth_method") == SmtpConfiguration.AuthMethod.XOAUTH2:
-            for name in ("username", "oauth_tenant_id", "oauth_client_id"):
-                if not cleaned.get(name) and name not in self.errors:
-                    self.add_error(
-                        name, "Required for OAuth 2.0 (XOAUTH2): the mailbox (username) and the app registration."
-                    )
-            if not cleaned.get("oauth_client_secret") and not cleaned.get("oauth_client_certificate"):
+
+    def _check_xoauth2(self, cleaned: dict[str, Any]) -> None:
+        for name in ("username", "oauth_tenant_id", "oauth_client_id"):
+            if not cleaned.get(name) and name not in self.errors:
                 self.add_error(
-                    "oauth_client_secret",
-                    "Required for OAuth 2.0 (XOAUTH2): a client secret or a client certificate.",
+                    name, "Required for OAuth 2.0 (XOAUTH2): the mailbox (username) and the app registration."
                 )
-        if cleaned.get("client_key") and not cleaned.get("client_cert") and "client_key" not in self.errors:
-            self.add_error("client_key", "A client key needs its client certificate.")
-        return cleaned
+        if not cleaned.get("oauth_client_secret") and not cleaned.get("oauth_client_certificate"):
+            self.add_error(
+                "oauth_client_secret",
+                "Required for OAuth 2.0 (XOAUTH2): a client secret or a client certificate.",
+            )
 
     def save(self, commit: bool = True) -> SmtpConfiguration:
         """The configuration with the form's values, each credential typed into the form bound to
@@ -242,7 +252,19 @@ class SendTestForm(forms.Form):
 class SmtpConfigurationAdmin(admin.ModelAdmin):
     form = SmtpConfigurationForm
     fieldsets = (
-        ("Server", {"fields": ("host", "port", "security", "timeout_seconds", "data_timeout_seconds")}),
+        (
+            "Server",
+            {
+                "fields": (
+                    "host",
+                    "port",
+                    "security",
+                    "timeout_seconds",
+                    "greeting_timeout_seconds",
+                    "data_timeout_seconds",
+                )
+            },
+        ),
         (
             "Identity and TLS trust",
             {"fields": ("local_hostname", "ca_file", "client_cert", "client_key")},

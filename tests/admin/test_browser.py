@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from notifications.dispatch import dispatch_pass
+from notifications.dispatch.runner import dispatch_pass
 from notifications.models import EmailRecipient, Notification, SmtpConfiguration
 from tests.admin.conftest import PASSWORD, make_notification, make_user
 from tests.support.smtp import SmtpServer

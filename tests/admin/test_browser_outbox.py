@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from notifications.dispatch import dispatch_pass
+from notifications.dispatch.runner import dispatch_pass
 from notifications.models import Notification, SmtpConfiguration
 from tests.admin.conftest import make_notification, make_user
 from tests.admin.test_browser import ARTIFACTS, browser, log_in  # noqa: F401 (the browser fixture)

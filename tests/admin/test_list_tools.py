@@ -6,7 +6,7 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from notifications.dispatch import dispatch_pass
+from notifications.dispatch.runner import dispatch_pass
 from notifications.list_tools import addresses_parse
 from notifications.models import EmailRecipient, Notification, NotificationList, SmtpConfiguration
 from tests.admin.conftest import login, make_user

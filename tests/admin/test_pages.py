@@ -256,6 +256,7 @@ def smtp_form(**overrides):
         "port": "587",
         "security": "starttls",
         "timeout_seconds": "10",
+        "greeting_timeout_seconds": "30",
         "data_timeout_seconds": "600",
         "username": "outbox",
         "password": "",

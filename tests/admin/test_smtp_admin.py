@@ -27,6 +27,7 @@ def form_data(config, **changes):
         "password": "",
         "from_address": config.from_address,
         "timeout_seconds": config.timeout_seconds,
+        "greeting_timeout_seconds": config.greeting_timeout_seconds,
         "data_timeout_seconds": config.data_timeout_seconds,
         "max_retries": config.max_retries,
         "retry_interval_seconds": config.retry_interval_seconds,
@@ -62,6 +63,7 @@ def test_the_configuration_cannot_be_deleted_even_by_a_superuser(client, config)
         ("port", 0, "The port must be a number from 1 to 65535"),
         ("port", 70000, "The port must be a number from 1 to 65535"),
         ("timeout_seconds", 0, "The timeout must be at least 1 second."),
+        ("greeting_timeout_seconds", 0, "The greeting timeout must be at least 1 second."),
     ],
 )
 def test_out_of_range_values_are_field_errors_in_words(admin_client_, config, field, value, words):
@@ -71,6 +73,12 @@ def test_out_of_range_values_are_field_errors_in_words(admin_client_, config, fi
     assert words in errors[field][0]
     assert "__all__" not in errors
     assert "Constraint" not in response.content.decode()
+
+
+def test_the_greeting_timeout_is_saved_from_the_form(admin_client_, config):
+    response = admin_client_.post(change_url(config), form_data(config, greeting_timeout_seconds=300))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert SmtpConfiguration.objects.get().greeting_timeout_seconds == 300
 
 
 def test_check_connection_tests_unsaved_values_and_saves_nothing(admin_client_, config):

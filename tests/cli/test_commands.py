@@ -21,6 +21,7 @@ CONFIG = {
         "password": "s3cret",
         "from_address": "outbox@example.com",
         "timeout_seconds": 10,
+        "greeting_timeout_seconds": 45,
         "data_timeout_seconds": 900,
         "max_retries": 10,
         "retry_interval_seconds": 60,
@@ -197,6 +198,27 @@ def test_an_import_with_a_data_timeout_below_one_second_is_refused_naming_the_fi
     with pytest.raises(CommandError, match=r"smtp\.data_timeout_seconds: must be at least 1"):
         run("outbox_config", "import", write(tmp_path, bad))
     assert not SmtpConfiguration.objects.exists()
+
+
+def test_an_import_with_a_greeting_timeout_below_one_second_is_refused_naming_the_field(db, tmp_path):
+    bad = json.loads(json.dumps(CONFIG))
+    bad["smtp"]["greeting_timeout_seconds"] = 0
+    with pytest.raises(CommandError, match=r"smtp\.greeting_timeout_seconds: must be at least 1"):
+        run("outbox_config", "import", write(tmp_path, bad))
+    bad["smtp"]["greeting_timeout_seconds"] = "30"
+    with pytest.raises(CommandError, match=r"smtp\.greeting_timeout_seconds: must be an integer"):
+        run("outbox_config", "import", write(tmp_path, bad))
+    assert not SmtpConfiguration.objects.exists()
+
+
+def test_a_file_without_a_greeting_timeout_imports_with_the_default_and_then_keeps_the_stored_one(db, tmp_path):
+    older = json.loads(json.dumps(CONFIG))
+    del older["smtp"]["greeting_timeout_seconds"]  # written before the key existed
+    run("outbox_config", "import", write(tmp_path, older))
+    assert SmtpConfiguration.objects.get().greeting_timeout_seconds == 30
+    SmtpConfiguration.objects.update(greeting_timeout_seconds=120)
+    run("outbox_config", "import", write(tmp_path, older))
+    assert SmtpConfiguration.objects.get().greeting_timeout_seconds == 120
 
 
 def test_an_import_moving_the_smtp_server_without_a_password_is_refused_and_changes_nothing(db, tmp_path):

@@ -4,7 +4,7 @@ it, and a way to queue notifications through the real ingest path."""
 import pytest
 
 from notifications.backoff import RetryTiming
-from notifications.dispatch import dispatch_pass
+from notifications.dispatch.runner import dispatch_pass
 from notifications.health import Channel
 from notifications.ingest import NotificationInput, notification_validate, notifications_ingest
 from notifications.models import DeliveryPolicy, Notification, SmtpConfiguration, default_retry_on

@@ -14,14 +14,8 @@ from django.utils import timezone
 
 from notifications.adapters.base import DeliveryError
 from notifications.adapters.email import smtp_endpoint
-from notifications.dispatch import (
-    DeliveryOutcome,
-    Finish,
-    delivery_attempts_record,
-    dispatch_wake_at,
-    notifications_claim_due,
-    notifications_finish,
-)
+from notifications.dispatch.claim import dispatch_wake_at, notifications_claim_due
+from notifications.dispatch.finish import DeliveryOutcome, Finish, delivery_attempts_record, notifications_finish
 from notifications.health import dispatch_channels
 from notifications.models import ChannelHealth, DeliveryAttempt, Notification, SmtpConfiguration
 from tests.dispatch.conftest import configure_smtp, fresh, queue, run_pass, store_policy

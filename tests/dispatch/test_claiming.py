@@ -9,18 +9,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from notifications.adapters.base import DeliveryError, DeliveryResult
-from notifications.dispatch import (
-    CLAIM_HORIZON_SECONDS,
-    DeliveryOutcome,
-    Finish,
-    _Pace,
-    delivery_attempts_record,
-    dispatch_wake_at,
-    notifications_claim_due,
-    notifications_finish,
-)
+from notifications.dispatch import runner
+from notifications.dispatch.claim import dispatch_wake_at, notifications_claim_due
+from notifications.dispatch.finish import DeliveryOutcome, Finish, delivery_attempts_record, notifications_finish
+from notifications.dispatch.runner import CLAIM_HORIZON_SECONDS, _Pace
 from notifications.models import DeliveryAttempt, Notification
-from tests.dispatch.conftest import channel_with, fresh, queue, run_pass
+from tests.dispatch.conftest import WORKER, channel_with, fresh, queue, run_pass
 
 Status = Notification.Status
 
@@ -135,7 +129,9 @@ def test_a_row_released_unstarted_is_due_again_and_keeps_no_attempt(db):
 
 
 @pytest.mark.usefixtures("operators_list")
-def test_a_stopped_pass_releases_rows_it_did_not_start_and_keeps_no_attempt_for_them(smtp_server, smtp_config):
+def test_a_stopped_pass_releases_rows_it_did_not_start_and_keeps_no_attempt_for_them(
+    smtp_server, smtp_config, monkeypatch
+):
     queue(5)
     stop = threading.Event()
     stop.set()
@@ -151,18 +147,42 @@ def test_a_stopped_pass_releases_rows_it_did_not_start_and_keeps_no_attempt_for_
         return rows
 
     stop.clear()
-    import notifications.dispatch as dispatch
-
-    dispatch.notifications_claim_due, saved = claim_then_stop, dispatch.notifications_claim_due
-    try:
-        report = run_pass(stop=stop)
-    finally:
-        dispatch.notifications_claim_due = saved
+    monkeypatch.setattr(runner, "notifications_claim_due", claim_then_stop)
+    report = run_pass(stop=stop)
+    monkeypatch.undo()
     assert (report.claimed, report.released, report.delivered) == (5, 5, 0)
     assert smtp_server.count == 0
     assert DeliveryAttempt.objects.count() == 0
     assert Notification.objects.filter(status=Status.PENDING, claimed_by="", claimed_until=None).count() == 5
     assert run_pass().delivered == 5
+
+
+@pytest.mark.usefixtures("operators_list")
+def test_a_bug_while_delivering_one_row_stops_the_pass_after_every_other_row_is_recorded(
+    smtp_server, smtp_config, monkeypatch
+):
+    # A bug in the dispatcher cannot be produced by a server: one row's delivery is made to
+    # raise (a mock). The rows delivered meanwhile are recorded, those not yet started are
+    # released, then the pass raises; the broken row waits for its lease to end.
+    smtp_server.behave("accept", delay_seconds=0.05)
+    rows = queue(6)
+    broken = rows[0].pk
+    deliver = runner.notification_deliver
+
+    def delivering(*, notification, **kwargs):
+        if notification.pk == broken:
+            raise RuntimeError("a bug in the dispatcher")
+        return deliver(notification=notification, **kwargs)
+
+    monkeypatch.setattr(runner, "notification_deliver", delivering)
+    with pytest.raises(RuntimeError, match="a bug in the dispatcher"):
+        run_pass(concurrency=2)
+    others = [fresh(row) for row in rows if row.pk != broken]
+    assert {row.status for row in others} <= {Status.DELIVERED, Status.PENDING}
+    assert all(row.claimed_by == "" for row in others)  # recorded or released, none left held
+    delivered = [row for row in others if row.status == Status.DELIVERED]
+    assert smtp_server.count == len(delivered) >= 1
+    assert fresh(rows[0]).claimed_by == WORKER
 
 
 @pytest.mark.usefixtures("operators_list")
@@ -264,6 +284,27 @@ def stale_statistics_backlog(count):
     queue(count)
 
 
+def delivered_history(count):
+    """``count`` delivered notifications of the last hour, written by SQL (PostgreSQL), as the
+    history a table holds when a backlog arrives."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO notifications_notification (
+                notification_id, type, list_name, subject, body, type_data, status, retry_count,
+                channel_failures, last_error, resolved_targets, targets_refused, source_site_id,
+                source_instance_id, source_script, site_enqueued_at, created_at, last_attempt_at,
+                next_attempt_at, delivered_at, claimed_by, claimed_until, fingerprint, requeued_at,
+                expired_at, discarded_at, discarded_by, discard_reason)
+            SELECT gen_random_uuid(), 'email', 'Operators', 'Pump 3 tripped', '', '{}', 'Delivered', 0, 0,
+                '', '[]', 0, 'plant-a', '', '', t, t, t, NULL, t, '', NULL, md5(i::text), NULL, NULL, NULL, '', ''
+            FROM (SELECT i, now() - interval '1 hour' + interval '1 millisecond' * i AS t
+                  FROM generate_series(1, %s) AS i) AS history
+            """,
+            [count],
+        )
+
+
 def plans(captured):
     """The plans (JSON) of the captured statements that lock or change notifications,
     replayed in order with the captured settings (``set_config``) applied first: a row lock's
@@ -280,6 +321,20 @@ def plans(captured):
                 cursor.execute(f"EXPLAIN (FORMAT JSON{', ANALYZE' if run else ''}) {sql}")
                 found.append((sql, cursor.fetchone()[0][0]["Plan"]))
     return found
+
+
+def wake_time_plans(captured):
+    """The plans of the captured look-ups of the next due time, replayed (EXPLAIN ANALYZE) with
+    the captured settings applied first."""
+    replayed = []
+    with connection.cursor() as cursor:
+        for query in captured.captured_queries:
+            if "set_config" in query["sql"]:
+                cursor.execute(query["sql"])
+            elif query["sql"].startswith('SELECT "notifications_notification"."next_attempt_at"'):
+                cursor.execute(f"EXPLAIN (FORMAT JSON, ANALYZE) {query['sql']}")
+                replayed.append(cursor.fetchone()[0][0]["Plan"])
+    return replayed
 
 
 def indexes_read(plan):
@@ -321,6 +376,36 @@ def test_a_claim_reads_about_what_it_takes_even_with_statistics_from_before_the_
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_a_claim_reads_the_due_index_when_the_statistics_saw_only_delivered_history(db):
+    # Statistics taken over delivered history put every index of open rows at one row:
+    # PostgreSQL then read the backlog through one of the KPIs' indexes of open rows and sorted
+    # all of it for every claim (at 10,000,000 rows: notifications.db.read_in_index_order).
+    delivered_history(20_000)
+    stale_statistics_backlog(1000)
+    with CaptureQueriesContext(connection) as captured:
+        assert len(notifications_claim_due(worker_id="w1", limit=200).rows) == 200
+    ((sql, plan),) = plans(captured)
+    assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), (sql, plan)
+    assert set(indexes_read(plan)) == {"notif_due_idx", "notifications_notification_pkey"}, (sql, plan)
+    ranges = [node for node in plan_nodes(plan) if node.get("Index Name") == "notif_due_idx"]
+    assert sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in ranges) <= 400, plan
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_the_next_due_time_is_read_off_the_due_index_when_the_statistics_saw_only_delivered_history(db):
+    delivered_history(20_000)
+    stale_statistics_backlog(1000)
+    later = timezone.now() + timedelta(hours=1)
+    Notification.objects.filter(status=Status.PENDING).update(next_attempt_at=later)
+    with CaptureQueriesContext(connection) as captured:
+        assert dispatch_wake_at(channels={"email": channel_with()}) == later
+    (plan,) = wake_time_plans(captured)
+    assert indexes_read(plan) == ["notif_due_idx"], plan
+    rows = [node for node in plan_nodes(plan) if node.get("Relation Name") == "notifications_notification"]
+    assert sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in rows) == 1, plan
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
 def test_finishing_finds_its_rows_by_primary_key_even_with_statistics_from_before_the_backlog(db):
     # With statistics saying "no Pending rows", PostgreSQL read all 20,000 Pending rows of a
     # backlog through the status index to finish the 100 rows of one batch.
@@ -341,15 +426,7 @@ def test_the_next_due_time_is_read_off_the_due_index_even_with_statistics_from_b
     Notification.objects.update(next_attempt_at=later)
     with CaptureQueriesContext(connection) as captured:
         assert dispatch_wake_at(channels={"email": channel_with()}) == later
-    replayed = []
-    with connection.cursor() as cursor:
-        for query in captured.captured_queries:
-            if "set_config" in query["sql"]:
-                cursor.execute(query["sql"])
-            elif query["sql"].startswith('SELECT "notifications_notification"."next_attempt_at"'):
-                cursor.execute(f"EXPLAIN (FORMAT JSON, ANALYZE) {query['sql']}")
-                replayed.append(cursor.fetchone()[0][0]["Plan"])
-    (plan,) = replayed
+    (plan,) = wake_time_plans(captured)
     assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), plan
     assert indexes_read(plan) == ["notif_due_idx"], plan
     rows = [node for node in plan_nodes(plan) if node.get("Relation Name") == "notifications_notification"]

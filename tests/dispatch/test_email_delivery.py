@@ -184,7 +184,12 @@ def test_server_hanging_after_the_message_past_the_data_timeout_is_an_ambiguous_
 def test_server_that_never_greets_times_out_as_a_channel_failure(db):
     with silent_port() as port:
         SmtpConfiguration.objects.create(
-            host="127.0.0.1", port=port, security="none", from_address="outbox@example.com", timeout_seconds=1
+            host="127.0.0.1",
+            port=port,
+            security="none",
+            from_address="outbox@example.com",
+            timeout_seconds=1,
+            greeting_timeout_seconds=1,
         )
         (notification,) = queue()
         run_pass()

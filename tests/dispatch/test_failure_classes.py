@@ -28,6 +28,7 @@ def plain_config(port: int, **fields) -> SmtpConfiguration:
         "security": "none",
         "from_address": "outbox@example.com",
         "timeout_seconds": 1,
+        "greeting_timeout_seconds": 1,
         "data_timeout_seconds": 1,
     }
     values.update(fields)

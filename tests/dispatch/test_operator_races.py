@@ -12,13 +12,8 @@ from django.db import connections
 from django.utils import timezone
 
 from notifications.adapters.base import DeliveryResult
-from notifications.dispatch import (
-    DeliveryOutcome,
-    Finish,
-    delivery_attempts_record,
-    notifications_claim_due,
-    notifications_finish,
-)
+from notifications.dispatch.claim import notifications_claim_due
+from notifications.dispatch.finish import DeliveryOutcome, Finish, delivery_attempts_record, notifications_finish
 from notifications.models import Notification
 from notifications.operations import (
     notification_discard,

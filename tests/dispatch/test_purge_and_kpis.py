@@ -13,10 +13,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from notifications.adapters.base import FailureClass
 from notifications.kpis import kpis_compute
 from notifications.models import ChannelHealth, DeliveryAttempt, Notification, ProviderMessage
 from notifications.purge import notifications_purge
+from notifications.vocabulary import FailureClass
 from tests.support.processes import settings_refusal
 
 Status = Notification.Status

@@ -309,13 +309,14 @@ def test_a_non_ascii_local_part_without_smtputf8_fails_for_that_recipient_only(d
 # --- port and security mismatches ----------------------------------------------------------------
 
 
-def test_starttls_against_an_implicit_tls_port_fails_fast_with_a_hint(db):
+def test_starttls_against_an_implicit_tls_port_fails_after_the_greeting_timeout_with_a_hint(db):
     with SmtpServer(security="tls") as server:
         started = time.monotonic()
-        error = failure_of(config_for(server, security="starttls", timeout_seconds=30))
+        error = failure_of(config_for(server, security="starttls", timeout_seconds=30, greeting_timeout_seconds=1))
         elapsed = time.monotonic() - started
-    assert elapsed < 10  # not the 30 s timeout
+    assert 0.9 <= elapsed < 10  # the greeting's wait, not the 30 s timeout
     assert error.failure_class == "timeout"
+    assert "no greeting within 1 s" in error.message
     assert "security=tls" in error.message
 
 
@@ -344,7 +345,7 @@ def test_starttls_against_port_465_names_security_tls(db):
     except (OSError, RuntimeError) as exc:
         pytest.skip(f"cannot listen on port 465 here: {exc}")
     try:
-        error = failure_of(config_for(server, security="starttls", timeout_seconds=30))
+        error = failure_of(config_for(server, security="starttls", timeout_seconds=30, greeting_timeout_seconds=1))
     finally:
         server.stop()
     assert "Port 465 usually needs security=tls" in error.message

@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from notifications.dispatch import dispatch_channels, notifications_expire
+from notifications.dispatch.claim import notifications_expire
+from notifications.health import dispatch_channels
 from notifications.kpis import kpis_compute
 from notifications.models import ChannelHealth, Notification, SmtpConfiguration
 from notifications.operations import notification_retry

@@ -18,7 +18,8 @@ from django_q.models import Schedule
 
 from notifications import tasks
 from notifications.checks import check_schedules_present
-from notifications.dispatch import dispatch_timer_take, dispatch_wait, dispatch_wake_at
+from notifications.dispatch.claim import dispatch_wake_at
+from notifications.dispatch.wait import dispatch_timer_take, dispatch_wait
 from notifications.models import DeliveryAttempt, Notification
 from notifications.schedules import SCHEDULES
 from tests.dispatch.conftest import fresh, queue, store_policy

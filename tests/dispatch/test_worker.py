@@ -105,7 +105,7 @@ def test_tasks_are_time_boxed_below_the_task_timeout_and_the_broker_lease():
 
 def test_a_dispatcher_process_hands_its_start_up_to_the_permanent_generation_once():
     code = (
-        "import gc; from notifications.dispatch import dispatcher_process_settle; "
+        "import gc; from notifications.dispatch.runner import dispatcher_process_settle; "
         "before = gc.get_freeze_count(); first = dispatcher_process_settle(); frozen = gc.get_freeze_count(); "
         "second = dispatcher_process_settle(); "
         "print(before, first, frozen > 10000, second, gc.get_freeze_count() == frozen)"

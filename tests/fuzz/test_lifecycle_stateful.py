@@ -24,13 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from notifications.adapters.base import DeliveryError, DeliveryResult
-from notifications.dispatch import (
-    DeliveryOutcome,
-    Finish,
-    delivery_attempts_record,
-    notifications_claim_due,
-    notifications_finish,
-)
+from notifications.dispatch.claim import notifications_claim_due
+from notifications.dispatch.finish import DeliveryOutcome, Finish, delivery_attempts_record, notifications_finish
 from notifications.ingest import notifications_ingest
 from notifications.models import Notification
 from notifications.operations import (

@@ -189,29 +189,3 @@ def test_a_transient_failure_counts_as_retrying(smtp_server, smtp_config, operat
     assert after[key] - before.get(key, 0) == 2
     ingest = ("outbox_ingest_to_delivered_seconds_count", ())
     assert after.get(ingest, 0) == before.get(ingest, 0)
-
-
-def test_observing_many_amounts_at_once_gives_what_observing_each_gives():
-    from prometheus_client import CollectorRegistry, Histogram
-
-    from notifications.metrics import histogram_observe_all
-
-    amounts = [0.0, 0.004, 0.005, 0.0051, 0.3, 0.3, 2.5, 7.0, 45.0, 3600.0, 0.01]
-    one_by_one, all_at_once = CollectorRegistry(), CollectorRegistry()
-    buckets = (0.005, 0.01, 0.5, 2.5, 60.0)
-    first = Histogram("h", "h", ["channel"], buckets=buckets, registry=one_by_one).labels(channel="email")
-    second = Histogram("h", "h", ["channel"], buckets=buckets, registry=all_at_once).labels(channel="email")
-    for amount in amounts:
-        first.observe(amount)
-    histogram_observe_all(second, amounts)
-
-    def samples(registry):
-        return sorted(
-            (s.name, tuple(sorted(s.labels.items())), s.value)
-            for m in registry.collect()
-            for s in m.samples
-            if not s.name.endswith("_created")
-        )
-
-    assert samples(all_at_once) == samples(one_by_one)
-    assert ("h_count", (("channel", "email"),), float(len(amounts))) in samples(all_at_once)

@@ -440,8 +440,9 @@ def silent_port() -> Iterator[int]:
 def serving_port(session: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
     """A port on 127.0.0.1 whose server runs ``session(connection, stopping)`` for each
     connection in turn, on one thread (a client gone mid-session ends it quietly); every
-    connection stays open until the port closes, when ``stopping`` is set. Yields the port
-    number. For servers that misbehave the way real ones can."""
+    connection stays open until the port closes, when ``stopping`` is set and every connection
+    is shut down, which ends a session waiting on it at once. Yields the port number. For
+    servers that misbehave the way real ones can."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=64)
     listener.settimeout(0.1)  # so that the serving thread notices the end
     stopping = threading.Event()
@@ -465,6 +466,9 @@ def serving_port(session: Callable[[socket.socket, threading.Event], None]) -> I
         yield listener.getsockname()[1]
     finally:
         stopping.set()
+        for conn in held:
+            with suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         thread.join(timeout=10)
         listener.close()
         for conn in held:
@@ -478,7 +482,6 @@ def replying_port(greeting: str) -> Iterator[int]:
 
     def session(conn: socket.socket, stopping: threading.Event) -> None:
         conn.sendall(greeting.encode() + b"\r\n")
-        conn.settimeout(5)
         while conn.recv(1024):
             pass
 

@@ -15,14 +15,9 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import InterfaceError, OperationalError, connection
 
 from notifications.clock import database_now
-from notifications.dispatch import (
-    IDLE_PAUSE_SECONDS,
-    PassReport,
-    dispatch_pass,
-    dispatch_wake_at,
-    dispatcher_process_settle,
-    worker_id_new,
-)
+from notifications.dispatch.claim import dispatch_wake_at, worker_id_new
+from notifications.dispatch.runner import PassReport, dispatch_pass, dispatcher_process_settle
+from notifications.dispatch.wait import IDLE_PAUSE_SECONDS
 
 
 class Command(BaseCommand):
