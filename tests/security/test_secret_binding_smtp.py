@@ -43,6 +43,7 @@ def form_data(config, **changes):
             "username",
             "from_address",
             "timeout_seconds",
+            "greeting_timeout_seconds",
             "data_timeout_seconds",
             "max_retries",
             "retry_interval_seconds",
