@@ -63,11 +63,13 @@ def _dispatch_trigger(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_rate_limits() -> None:
-    """Each test starts with full per-site and failed-authentication token buckets."""
+    """Each test starts with full per-site, failed-authentication and console-login token buckets."""
+    from notifications.console_login import login_failures
     from sites.throttling import SiteRateThrottle, auth_failures
 
     SiteRateThrottle._buckets.clear()
     auth_failures.clear()
+    login_failures.clear()
 
 
 @pytest.fixture
