@@ -43,7 +43,7 @@ from notifications.ingest import (
 from notifications.kpis import kpis_compute
 from notifications.models import Notification
 from notifications.operations import notification_act
-from sites.authentication import StaffTokenAuthentication
+from sites.authentication import StaffKeyAuthentication
 from sites.models import Site
 from sites.services import site_kpis_add
 
@@ -430,7 +430,7 @@ class KpiView(APIView):
     a console session: the token first, so an anonymous caller gets 401 with a WWW-Authenticate
     challenge; a non-staff user gets 403."""
 
-    authentication_classes = [StaffTokenAuthentication, SessionAuthentication]
+    authentication_classes = [StaffKeyAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
     throttle_classes = []
 
@@ -478,7 +478,7 @@ class NotificationActionView(APIView):
     permission, by token (``Authorization: Token …``) or console session (with its CSRF
     token) — never HTTP Basic."""
 
-    authentication_classes = [StaffTokenAuthentication, SessionAuthentication]
+    authentication_classes = [StaffKeyAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
     throttle_classes = []
     action = ""

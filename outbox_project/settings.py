@@ -128,7 +128,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",  # staff API tokens (operator actions)
     "rest_framework_api_key",
     "axes",  # console login lockouts (notifications/console_login.py)
     "django_filters",
