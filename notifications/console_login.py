@@ -14,7 +14,7 @@ Three rules, cheapest first, so that a flood of wrong passwords costs the server
   alone: a guesser elsewhere cannot lock an operator out, and the operator can still log in from
   another address. Administrators unlock a pair in the console (Axes › Access attempts: delete
   the row) or with ``manage.py axes_reset_ip_username ADDRESS USERNAME``.
-* **Password hashing** runs on one thread per web process, at the lowest CPU priority
+* **Password hashing** runs one hash at a time on the host, at the lowest CPU priority
   (:class:`PasswordHashingGate`): a flood from many addresses, each within its allowance, makes
   logins wait, not ingest.
 
@@ -23,6 +23,7 @@ saying how long to wait, after OUTBOX_LOGIN_REFUSAL_DELAY seconds: a client that
 soon as it has an answer gets one a second, not as many as the server can render.
 """
 
+import fcntl
 import ipaddress
 import math
 import os
@@ -34,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextvars import ContextVar
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from axes.handlers.database import AxesDatabaseHandler
@@ -44,6 +46,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.db.models import Max
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -56,6 +59,15 @@ Result = TypeVar("Result")
 
 # Failed console logins per client address (user names of every kind), per web process.
 login_failures = AuthFailureLimiter(burst="OUTBOX_LOGIN_CLIENT_BURST", rate="OUTBOX_LOGIN_CLIENT_RATE")
+
+
+def database_connection_release() -> None:
+    """Hand this thread's database connection back (to the pool of the web process, where there
+    is one) unless a transaction holds it: a login about to wait (its refusal delay, its turn at
+    password hashing) must not keep a connection that ingest could use meanwhile. The next
+    query takes one again."""
+    if not connection.in_atomic_block:
+        connection.close()
 
 
 def login_client_address(request: HttpRequest) -> str | None:
@@ -152,6 +164,7 @@ def login_refusal_response(request: HttpRequest, *args: Any) -> HttpResponse:
     """django-axes' lockout answer (AXES_LOCKOUT_CALLABLE): 429 and the login page saying who is
     refused and for how long, after OUTBOX_LOGIN_REFUSAL_DELAY seconds."""
     if settings.OUTBOX_LOGIN_REFUSAL_DELAY > 0:
+        database_connection_release()
         time.sleep(settings.OUTBOX_LOGIN_REFUSAL_DELAY)
     if getattr(request, "outbox_login_throttled", False):
         wait = login_throttle_wait(request=request)
@@ -198,16 +211,18 @@ password_hash_wait: ContextVar[float | None] = ContextVar("password_hash_wait", 
 
 
 class PasswordHashingGate:
-    """Password hashes of this process, computed one at a time on a thread of their own at the
+    """Password hashes, computed one at a time on the whole host (a lock file shared by the web
+    processes, OUTBOX_PASSWORD_HASH_LOCK), each on a thread of its process that runs at the
     lowest CPU priority (nice 19, Linux's per-thread priority).
 
     A password check costs a fraction of a second of CPU by design. Left on the request threads,
     a flood of logins from many addresses (each within its allowance) takes every core, and
-    ingest waits behind it (p95 20 ms → 1.9 s with 16 clients). One hash at a time bounds the
-    flood to one core per web process; the priority hands even that core to ingest whenever
-    ingest wants it (docs/performance.md, "Logins under a flood"). A login waits for its turn
-    up to OUTBOX_PASSWORD_HASH_WAIT seconds (:data:`password_hash_wait`), then gets
-    PasswordHashingBusy (the login page asks to try again).
+    ingest waits behind it (p95 20 ms → 1.9 s with 16 clients). One hash at a time per host
+    bounds the flood to one core whatever the number of web processes; the priority hands even
+    that core to ingest whenever ingest wants it (docs/performance.md, "Logins under a flood").
+    A login waits for its turn up to OUTBOX_PASSWORD_HASH_WAIT seconds
+    (:data:`password_hash_wait`), then gets PasswordHashingBusy (the login page asks to try
+    again).
     """
 
     def __init__(self) -> None:
@@ -226,14 +241,24 @@ class PasswordHashingGate:
             return self._executor
 
     def run(self, function: Callable[..., Result], *args: Any) -> Result:
-        """``function(*args)`` on the hashing thread; PasswordHashingBusy if it has not finished
-        within :data:`password_hash_wait` seconds (a check that has not started is dropped)."""
-        future = self._executor_here().submit(function, *args)
+        """``function(*args)`` on the hashing thread, alone on the host; PasswordHashingBusy if
+        it has not finished within :data:`password_hash_wait` seconds (a check that has not
+        started is dropped)."""
+        future = self._executor_here().submit(_alone_on_this_host, function, *args)
+        database_connection_release()
         try:
             return future.result(timeout=password_hash_wait.get())
         except FutureTimeout:
             future.cancel()
             raise PasswordHashingBusy("no password check could start in time") from None
+
+
+def _alone_on_this_host(function: Callable[..., Result], *args: Any) -> Result:
+    path = Path(settings.OUTBOX_PASSWORD_HASH_LOCK)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        return function(*args)
 
 
 def _lowest_priority() -> None:

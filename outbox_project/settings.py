@@ -357,8 +357,10 @@ if not 0 <= OUTBOX_LOGIN_REFUSAL_DELAY <= 30:
     raise ImproperlyConfigured(
         f"Environment variable OUTBOX_LOGIN_REFUSAL_DELAY must be 0 to 30 seconds, got {OUTBOX_LOGIN_REFUSAL_DELAY!r}"
     )
-# A login waits at most this long for the password hashing thread, then is asked to retry.
+# A login waits at most this long for its password check, then is asked to retry. Checks run one
+# at a time on the host: the web processes take turns through this lock file.
 OUTBOX_PASSWORD_HASH_WAIT = _positive("OUTBOX_PASSWORD_HASH_WAIT", 10.0, "float")
+OUTBOX_PASSWORD_HASH_LOCK = _read("OUTBOX_PASSWORD_HASH_LOCK", "str", str(VAR_DIR / "password-hashing.lock"))
 AXES_ENABLED = True
 AXES_HANDLER = "notifications.console_login.ConsoleLoginHandler"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]

@@ -3,6 +3,7 @@ everywhere), one address cannot try many user names fast, refused attempts never
 password check, administrators unlock, and password checks wait their turn instead of taking
 the CPU."""
 
+import fcntl
 import io
 import os
 import re
@@ -17,7 +18,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client, override_settings
 
-from notifications.console_login import password_hashing
+from notifications.console_login import PasswordHashingBusy, password_hash_wait, password_hashing
 from tests.support.processes import Central
 
 LOGIN = "/admin/login/"
@@ -162,6 +163,18 @@ def test_password_hashes_are_computed_one_at_a_time_on_a_lowest_priority_thread(
     finally:
         release.set()
         first.join(10)
+
+
+def test_a_password_check_waits_while_another_process_of_the_host_is_hashing(settings):
+    token = password_hash_wait.set(0.3)
+    try:
+        with open(settings.OUTBOX_PASSWORD_HASH_LOCK, "a") as other_process:
+            fcntl.flock(other_process, fcntl.LOCK_EX)
+            with pytest.raises(PasswordHashingBusy):
+                password_hashing.run(str, "not while the other one hashes")
+        assert password_hashing.run(str, "now") == "now"
+    finally:
+        password_hash_wait.reset(token)
 
 
 @override_settings(
