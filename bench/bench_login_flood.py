@@ -13,9 +13,10 @@ alike:
   forged X-Forwarded-For, central running behind-proxy as in production): none is throttled or
   locked out, so every attempt costs a password check.
 
-Target: ingest p95 under each flood at most 2 × the baseline p95 of the same run.
+Target: ingest p95 under each flood at most 2 × the baseline p95 of the same run (each the
+median of the rounds' p95s).
 
-Usage: python bench/bench_login_flood.py [--seconds 15] [--rounds 2] [--clients 16]
+Usage: python bench/bench_login_flood.py [--seconds 15] [--rounds 3] [--clients 16] [--floods one,many]
 """
 
 import argparse
@@ -23,6 +24,7 @@ import http.client
 import json
 import multiprocessing
 import random
+import statistics
 import sys
 import time
 import uuid
@@ -159,7 +161,7 @@ def run_phase(port: int, key: str, seconds: float, clients: int, flood: str) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--floods", default="one,many", help="which floods to run beside the baseline")
     args = parser.parse_args()
@@ -192,23 +194,25 @@ def main() -> int:
                     flush=True,
                 )
 
-    def pooled_p95(flood: str) -> float:
-        return percentile(sorted(lat for phase in phases[flood] for lat in phase["latencies"]), 0.95) * 1000
+    def p95(flood: str) -> float:
+        # The median of the rounds' p95s: one round disturbed by something else on the machine
+        # moves it less than it moves the p95 of all rounds' latencies together.
+        return statistics.median(phase["p95_ms"] for phase in phases[flood])
 
-    baseline = pooled_p95("none")
+    baseline = p95("none")
     failures = sum(phase["failures"] for runs in phases.values() for phase in runs)
     checks = [check("login flood: ingest p95, no flood (baseline)", baseline, "ms", "(baseline)", True)]
     for flood, words in (("one", "one address"), ("many", "many addresses")):
         if phases[flood]:
-            p95 = pooled_p95(flood)
+            flooded = p95(flood)
             checks.append(
                 check(
                     f"login flood: ingest p95, {args.clients} clients, {words}",
-                    p95,
+                    flooded,
                     "ms",
                     "<= 2 x baseline",
-                    p95 <= 2 * baseline,
-                    p95 / baseline,
+                    flooded <= 2 * baseline,
+                    flooded / baseline,
                 )
             )
     checks.append(check("login flood: failed ingest requests", failures, "count", "== 0", failures == 0))

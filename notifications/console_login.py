@@ -41,16 +41,12 @@ from typing import Any, TypeVar
 from axes.handlers.database import AxesDatabaseHandler
 from axes.models import AccessAttempt
 from django.conf import settings
-from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
-from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models import Max
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.urls import reverse
 from django.utils import timezone
 
 from sites.throttling import AuthFailureLimiter, client_address
@@ -115,23 +111,11 @@ class ConsoleLoginHandler(AxesDatabaseHandler):
     def user_login_failed(self, sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any) -> None:
         if request is not None:
             if getattr(request, "outbox_login_throttled", False):
-                return
-            if not getattr(request, "axes_locked_out", False):
-                # A password was checked and was wrong (refusals are not failures: an address
-                # that keeps knocking while refused gets its allowance back all the same).
-                login_failures.record(_client_key(request))
+                return  # refused before anything was looked at: nothing to record
+            # A wrong password, or a locked-out user name tried again: either counts against
+            # the address, so that knocking at a lockout soon meets the cheaper refusal.
+            login_failures.record(_client_key(request))
         super().user_login_failed(sender, credentials, request, **kwargs)
-
-
-class _RefusedLoginForm(AdminAuthenticationForm):
-    """The admin's login form, answering with ``refusal`` without authenticating anyone."""
-
-    def __init__(self, *args: Any, refusal: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.refusal = refusal
-
-    def clean(self) -> dict[str, Any]:
-        raise ValidationError(self.refusal, code="login_refused")
 
 
 def _duration(seconds: float) -> str:
@@ -141,50 +125,32 @@ def _duration(seconds: float) -> str:
     return f"{math.ceil(seconds / 60)} minutes"
 
 
-def login_refusal_page(request: HttpRequest, *, message: str, status: int, retry_after: float) -> HttpResponse:
-    """The console's login page with ``message`` above the form (the user name kept), answered
-    with ``status`` and Retry-After."""
-    context = {
-        **admin.site.each_context(request),
-        "title": "Log in",
-        "subtitle": None,
-        "app_path": request.get_full_path(),
-        "username": "",
-        "form": _RefusedLoginForm(request, data=request.POST or None, refusal=message),
-        REDIRECT_FIELD_NAME: request.POST.get(REDIRECT_FIELD_NAME) or reverse("admin:index"),
-    }
-    request.current_app = admin.site.name
-    response = render(request, admin.site.login_template or "admin/login.html", context, status=status)
-    response["Retry-After"] = str(max(1, math.ceil(retry_after)))
-    response["Cache-Control"] = "no-store"
-    return response
-
-
-def login_refusal_response(request: HttpRequest, *args: Any) -> HttpResponse:
-    """django-axes' lockout answer (AXES_LOCKOUT_CALLABLE): 429 and the login page saying who is
-    refused and for how long, after OUTBOX_LOGIN_REFUSAL_DELAY seconds."""
-    if settings.OUTBOX_LOGIN_REFUSAL_DELAY > 0:
-        database_connection_release()
-        time.sleep(settings.OUTBOX_LOGIN_REFUSAL_DELAY)
+def login_refusal(*, request: Any) -> tuple[str, float] | None:
+    """Why the login ``request`` was refused, and for how many more seconds: ``(message,
+    seconds)``; None when it was not refused (a wrong password is no refusal)."""
     if getattr(request, "outbox_login_throttled", False):
         wait = login_throttle_wait(request=request)
-        message = (
+        return (
             f"Too many failed logins from your address. Try again in {_duration(wait)}; "
-            "a correct password is refused until then too."
+            "a correct password is refused until then too.",
+            wait,
         )
-    else:
+    if getattr(request, "axes_locked_out", False):
         username = request.POST.get("username", "")
         wait = login_lockout_remaining(username=username, address=login_client_address(request)).total_seconds()
-        message = (
+        return (
             f"Too many failed logins for “{username}” from your address. Try again in {_duration(wait)}, "
-            "or ask an administrator to unlock it. Logging in from another address is not affected."
+            "or ask an administrator to unlock it. Logging in from another address is not affected.",
+            wait,
         )
-    return login_refusal_page(request, message=message, status=429, retry_after=wait)
+    return None
 
 
 class ConsoleLoginForm(AdminAuthenticationForm):
-    """The console's login form: a login that found password checking saturated
-    (:class:`PasswordHashingBusy`) is asked to try again; nothing is counted against it."""
+    """The console's login form. A refused login (address throttled, user name locked out from
+    it) says so and how long to wait, in place of "wrong password"; a login that found password
+    checking saturated (:class:`PasswordHashingBusy`) is asked to try again, and nothing is
+    counted against it."""
 
     def clean(self) -> dict[str, Any]:
         token = password_hash_wait.set(settings.OUTBOX_PASSWORD_HASH_WAIT)
@@ -194,8 +160,35 @@ class ConsoleLoginForm(AdminAuthenticationForm):
             raise ValidationError(
                 "The console is busy checking other logins. Try again in a few seconds.", code="busy"
             ) from None
+        except ValidationError:
+            refusal = login_refusal(request=self.request)
+            if refusal is None:
+                raise
+            message, self.request.outbox_login_retry_after = refusal  # type: ignore[union-attr]
+            raise ValidationError(message, code="login_refused") from None
         finally:
             password_hash_wait.reset(token)
+
+
+def login_refusal_response(
+    request: HttpRequest, original_response: HttpResponse | None = None, *args: Any
+) -> HttpResponse:
+    """django-axes' lockout answer (AXES_LOCKOUT_CALLABLE), after OUTBOX_LOGIN_REFUSAL_DELAY
+    seconds: the login page the console rendered (ConsoleLoginForm put the reason and the wait
+    on it) answered 429 with Retry-After."""
+    if settings.OUTBOX_LOGIN_REFUSAL_DELAY > 0:
+        database_connection_release()
+        time.sleep(settings.OUTBOX_LOGIN_REFUSAL_DELAY)
+    retry_after = getattr(request, "outbox_login_retry_after", None)
+    if original_response is None or retry_after is None:
+        # Not the console's login form (nothing else here logs in with a password).
+        refusal = login_refusal(request=request) or ("Too many failed logins. Try again later.", 60.0)
+        original_response = HttpResponse(refusal[0], content_type="text/plain; charset=utf-8")
+        retry_after = refusal[1]
+    original_response.status_code = 429
+    original_response["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    original_response["Cache-Control"] = "no-store"
+    return original_response
 
 
 # --- password hashing -------------------------------------------------------------------------
@@ -253,12 +246,35 @@ class PasswordHashingGate:
             raise PasswordHashingBusy("no password check could start in time") from None
 
 
+MAX_REST_SECONDS = 5.0
+
+
 def _alone_on_this_host(function: Callable[..., Result], *args: Any) -> Result:
+    """``function(*args)`` while holding the host's hashing lock, after the rest the previous
+    check on the host left (OUTBOX_PASSWORD_HASH_DUTY_CYCLE); the lock file holds when that rest
+    ends, on the system-wide monotonic clock."""
     path = Path(settings.OUTBOX_PASSWORD_HASH_LOCK)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
-        return function(*args)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when the descriptor is closed
+        try:
+            rest_until = float(os.pread(descriptor, 64, 0) or b"0")
+        except ValueError:
+            rest_until = 0.0
+        pause = rest_until - time.monotonic()
+        if 0 < pause <= MAX_REST_SECONDS:
+            time.sleep(pause)
+        started = time.monotonic()
+        try:
+            return function(*args)
+        finally:
+            ended = time.monotonic()
+            rest = (ended - started) * (1 / settings.OUTBOX_PASSWORD_HASH_DUTY_CYCLE - 1)
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, repr(ended + rest).encode(), 0)
+    finally:
+        os.close(descriptor)
 
 
 def _lowest_priority() -> None:

@@ -177,9 +177,21 @@ def test_a_password_check_waits_while_another_process_of_the_host_is_hashing(set
         password_hash_wait.reset(token)
 
 
+@override_settings(OUTBOX_PASSWORD_HASH_DUTY_CYCLE=0.5)
+def test_after_a_password_check_the_host_rests_as_long_as_the_check_took(tmp_path, settings):
+    settings.OUTBOX_PASSWORD_HASH_LOCK = str(tmp_path / "hashing.lock")
+    password_hashing.run(time.sleep, 0.3)
+    finished = time.monotonic()
+
+    started = password_hashing.run(time.monotonic)
+
+    assert started - finished >= 0.25
+
+
 @override_settings(
     PASSWORD_HASHERS=["notifications.console_login.GatedPBKDF2PasswordHasher"],
     OUTBOX_PASSWORD_HASH_WAIT=2.0,
+    OUTBOX_PASSWORD_HASH_DUTY_CYCLE=1.0,
     OUTBOX_LOGIN_REFUSAL_DELAY=0,
 )
 def test_a_login_that_waits_too_long_for_a_password_check_is_asked_to_retry_and_nothing_is_counted(db):
