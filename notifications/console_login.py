@@ -4,23 +4,25 @@ checks.
 Three rules, cheapest first, so that a flood of wrong passwords costs the server little:
 
 * **Per client address** (throttling): every address may fail OUTBOX_LOGIN_CLIENT_BURST times in
-  a burst, refilled at OUTBOX_LOGIN_CLIENT_RATE per minute, whatever user names it tries. An
-  address with none left is refused before its credentials are looked at (no database query,
-  no password hash). Token buckets in each web process, like the API's failed-authentication
-  limit (sites/throttling.py).
+  a burst, refilled at OUTBOX_LOGIN_CLIENT_RATE per minute, whatever user names it tries (a
+  wrong password counts, and so does trying a locked-out user name again). An address with none
+  left is refused before its credentials are looked at (no database query, no password hash).
+  Token buckets in each web process, like the API's failed-authentication limit
+  (sites/throttling.py).
 * **Per user name and client address** (lockout, by django-axes in the database, shared by
   every web process): OUTBOX_LOGIN_FAILURE_LIMIT failures for one user name from one address
   lock that pair out for OUTBOX_LOGIN_LOCKOUT_MINUTES after its last failure. Never a user name
   alone: a guesser elsewhere cannot lock an operator out, and the operator can still log in from
   another address. Administrators unlock a pair in the console (Axes › Access attempts: delete
   the row) or with ``manage.py axes_reset_ip_username ADDRESS USERNAME``.
-* **Password hashing** runs one hash at a time on the host, at the lowest CPU priority
-  (:class:`PasswordHashingGate`): a flood from many addresses, each within its allowance, makes
-  logins wait, not ingest.
+* **Password hashing** runs one hash at a time on the host, for at most a share of its time,
+  at the lowest CPU priority (:class:`PasswordHashingGate`): a flood from many addresses, each
+  within its allowance, makes logins wait, not ingest.
 
 A refused login (throttled or locked out) is answered 429 with Retry-After and the login page
-saying how long to wait, after OUTBOX_LOGIN_REFUSAL_DELAY seconds: a client that retries as
-soon as it has an answer gets one a second, not as many as the server can render.
+saying why and how long to wait, after OUTBOX_LOGIN_REFUSAL_DELAY seconds: a client that
+retries as soon as it has an answer gets one a second, not as many as the server can render.
+A login waiting (its refusal delay, its turn to hash) holds no database connection.
 """
 
 import fcntl
@@ -205,17 +207,18 @@ password_hash_wait: ContextVar[float | None] = ContextVar("password_hash_wait", 
 
 class PasswordHashingGate:
     """Password hashes, computed one at a time on the whole host (a lock file shared by the web
-    processes, OUTBOX_PASSWORD_HASH_LOCK), each on a thread of its process that runs at the
-    lowest CPU priority (nice 19, Linux's per-thread priority).
+    processes, OUTBOX_PASSWORD_HASH_LOCK), for at most OUTBOX_PASSWORD_HASH_DUTY_CYCLE of its
+    time, each on a thread of its process that runs at the lowest CPU priority (nice 19, Linux's
+    per-thread priority).
 
     A password check costs a fraction of a second of CPU by design. Left on the request threads,
     a flood of logins from many addresses (each within its allowance) takes every core, and
     ingest waits behind it (p95 20 ms → 1.9 s with 16 clients). One hash at a time per host
-    bounds the flood to one core whatever the number of web processes; the priority hands even
-    that core to ingest whenever ingest wants it (docs/performance.md, "Logins under a flood").
-    A login waits for its turn up to OUTBOX_PASSWORD_HASH_WAIT seconds
-    (:data:`password_hash_wait`), then gets PasswordHashingBusy (the login page asks to try
-    again).
+    bounds the flood to one core whatever the number of web processes, the duty cycle to a
+    quarter of one, and the priority hands even that to ingest whenever ingest wants it
+    (measured: docs/performance.md, "Logins under a flood"). A login waits for its turn up to
+    OUTBOX_PASSWORD_HASH_WAIT seconds (:data:`password_hash_wait`), then gets PasswordHashingBusy
+    (the login page asks to try again).
     """
 
     def __init__(self) -> None:

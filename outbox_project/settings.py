@@ -363,7 +363,7 @@ OUTBOX_PASSWORD_HASH_WAIT = _positive("OUTBOX_PASSWORD_HASH_WAIT", 10.0, "float"
 OUTBOX_PASSWORD_HASH_LOCK = _read("OUTBOX_PASSWORD_HASH_LOCK", "str", str(VAR_DIR / "password-hashing.lock"))
 # The share of the time the host may spend on password checks: after one that took t seconds the
 # next waits t × (1 / cycle − 1). 1: no rest.
-OUTBOX_PASSWORD_HASH_DUTY_CYCLE = _fraction("OUTBOX_PASSWORD_HASH_DUTY_CYCLE", 0.5)
+OUTBOX_PASSWORD_HASH_DUTY_CYCLE = _fraction("OUTBOX_PASSWORD_HASH_DUTY_CYCLE", 0.25)
 AXES_ENABLED = True
 AXES_HANDLER = "notifications.console_login.ConsoleLoginHandler"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]

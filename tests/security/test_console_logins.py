@@ -151,7 +151,7 @@ def test_password_hashes_are_computed_one_at_a_time_on_a_lowest_priority_thread(
     first.start()
     try:
         started = time.monotonic()
-        nice = [None]
+        nice: list[int | None] = [None]
         second = threading.Thread(target=lambda: nice.__setitem__(0, password_hashing.run(os.getpriority, 0, 0)))
         second.start()
         second.join(0.3)

@@ -123,7 +123,9 @@ def test_the_console_shows_a_new_key_once_and_never_again(admin_client, boss):
     )
 
     assert response.status_code == 200 and "no-store" in response["Cache-Control"]
-    key = re.search(r'id="issued-key"[^>]*>([^<]+)<', response.content.decode()).group(1)
+    issued = re.search(r'id="issued-key"[^>]*>([^<]+)<', response.content.decode())
+    assert issued is not None
+    key = issued.group(1)
     assert kpis(key).status_code == 200
     staff_key = StaffAPIKey.objects.get()
     assert (staff_key.user, staff_key.name, staff_key.expiry_date) == (boss, "shift report", expiry)
