@@ -149,10 +149,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "notifications.middleware.ContentSecurityPolicyMiddleware",
-    # Turns a refused console login into the login page saying how long to wait (429). Inside
-    # the header middleware above, so that page carries their headers; outside a synchronous
-    # one, so that under the ASGI server it runs synchronously like them (as the last
-    # middleware it would run asynchronously, one more thread switch for every request).
+    # Answers a refused console login 429 (its page says why and how long to wait). Inside the
+    # header middleware above, so that answer carries their headers; outside a synchronous one,
+    # so that under the ASGI server it runs synchronously like them (as the last middleware it
+    # would run asynchronously: one more thread switch for every request).
     "axes.middleware.AxesMiddleware",
     "notifications.console_time.ConsoleTimezoneMiddleware",
 ]
@@ -245,8 +245,9 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# Django's default hashers; the first (new passwords) computed one at a time per process at a
-# low CPU priority (notifications/console_login.py), so that logins cannot starve ingest.
+# Django's default hashers; the first (every password set since Django 4) computed one at a time
+# on the host, within a share of its time, at a low CPU priority (notifications/console_login.py),
+# so that a flood of logins cannot starve ingest.
 PASSWORD_HASHERS = [
     "notifications.console_login.GatedPBKDF2PasswordHasher",
     "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
@@ -375,6 +376,7 @@ AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_CLIENT_IP_CALLABLE = "notifications.console_login.login_client_address"
 AXES_LOCKOUT_CALLABLE = "notifications.console_login.login_refusal_response"
 AXES_VERBOSE = False
+
 # GET /metrics (docs/observability.md): a bearer token that lets a scraper in from anywhere;
 # without it only clients on this host (loopback, not relayed by a proxy) may read the metrics.
 OUTBOX_METRICS_TOKEN = _read("OUTBOX_METRICS_TOKEN", "str", "")

@@ -81,7 +81,9 @@ class StaffKeyAuthentication(authentication.BaseAuthentication):
         key = key.strip()
         client = [("client", client_address(request))]
         auth_failures_check(client)
-        if not key or len(key) > 200 or any(character.isspace() for character in key):
+        # Printable ASCII without spaces, as every key is: anything else (a NUL, say) never
+        # reaches the database.
+        if not key or len(key) > 200 or not (key.isascii() and key.isprintable()) or " " in key:
             _failed(client, "Malformed staff key.", code="invalid_key")
         staff_key = staff_key_verify(key=key)
         if staff_key is None:

@@ -95,6 +95,13 @@ def test_a_wrong_secret_with_a_real_prefix_is_refused_with_401(boss):
     assert kpis(key.partition(".")[0] + ".wrongwrongwrongwrongwrongwrong00").status_code == 401
 
 
+@pytest.mark.parametrize("key", ["", "a b", "abc\x00def", "ключ.секрет", "x" * 201])
+def test_a_malformed_staff_key_is_refused_with_401_never_a_500(db, key):
+    response = APIClient().get(KPIS, HTTP_AUTHORIZATION=f"Token {key}")
+    assert response.status_code == 401
+    assert response.json()["error"] in {"invalid_key", "not_authenticated"}
+
+
 @pytest.mark.parametrize(
     ("arguments", "words"),
     [
