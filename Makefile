@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-purge bench-console bench-agent bench-webhooks chaos chaos-short check clean screenshots \
+.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-purge bench-console bench-agent bench-webhooks bench-login-flood chaos chaos-short check clean screenshots \
         agent-dist test-agent-pythons
 
 help:
@@ -108,6 +108,10 @@ bench-console: $(STAMP)
 bench-webhooks: $(STAMP)
 	$(PY) bench/bench_webhooks.py
 
+# Ingest p95 while 16 clients flood the console's login page (from one address, then many).
+bench-login-flood: $(STAMP)
+	$(PY) bench/bench_login_flood.py
+
 # Every bench-* target runs even when an earlier one misses its target; the summary says.
 bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
@@ -117,6 +121,7 @@ bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-agent
 	-$(MAKE) --no-print-directory bench-console
 	-$(MAKE) --no-print-directory bench-webhooks
+	-$(MAKE) --no-print-directory bench-login-flood
 	$(PY) bench/summary.py
 
 # The site agent: one-file zipapp and wheel in dist/ (standard library only, no venv needed).

@@ -38,6 +38,33 @@ os.environ.setdefault("OUTBOX_DATABASE_POOL", "true")
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(Path(__file__).resolve().parent / "var" / "metrics"))
 
 
+# Which of the project's applications each kind of worker can serve.
+APPLICATIONS = {"asgi": "outbox_project.asgi", "wsgi": "outbox_project.wsgi"}
+
+
+def on_starting(server: object) -> None:
+    """Refuse, in one line, to serve one of the project's applications with a worker that cannot:
+    ``gunicorn outbox_project.wsgi`` (the command most guides show) would run the WSGI
+    application in the ASGI worker configured here and answer 500 to every request. A WSGI
+    worker (``-k gthread``/``sync``) with the WSGI application is fine, for whoever wants one."""
+    from gunicorn.workers.gasgi import ASGIWorker
+
+    app_uri = server.app.app_uri or ""  # type: ignore[attr-defined]  # the positional APP_MODULE, or wsgi_app
+    module = app_uri.partition(":")[0]
+    uses_asgi = issubclass(server.cfg.worker_class, ASGIWorker)  # type: ignore[attr-defined]
+    if uses_asgi and module == APPLICATIONS["wsgi"]:
+        raise SystemExit(
+            f"gunicorn: {app_uri} is the WSGI application and this server runs the ASGI worker "
+            "(gunicorn.conf.py): run `gunicorn` with no application argument (gunicorn.conf.py names it), "
+            "or add `-k gthread` to serve the WSGI application."
+        )
+    if not uses_asgi and module == APPLICATIONS["asgi"]:
+        raise SystemExit(
+            f"gunicorn: {app_uri} is an ASGI application and needs the ASGI worker: leave out --worker-class "
+            "(gunicorn.conf.py sets it), or name outbox_project.wsgi to run a WSGI worker."
+        )
+
+
 def child_exit(server: object, worker: object) -> None:
     """A web worker ended: its metrics files join the archive (its counters stay counted; see
     notifications/metrics_files.py)."""

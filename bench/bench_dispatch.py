@@ -443,9 +443,9 @@ def operator_retry(url: str, count: int) -> dict[str, Any]:
     import http.client
 
     from django.contrib.auth.models import Group, User
-    from rest_framework.authtoken.models import Token
 
     from notifications.models import DeliveryPolicy, Notification
+    from tests.support.staff import staff_key_header
 
     Notification.objects.all().delete()
     DeliveryPolicy.objects.filter(channel="email").delete()
@@ -455,14 +455,14 @@ def operator_retry(url: str, count: int) -> dict[str, Any]:
     Notification.objects.filter(pk__in=ids).update(status=Notification.Status.PARKED, next_attempt_at=None)
     user, _ = User.objects.get_or_create(username="bench-operator", defaults={"is_staff": True})
     user.groups.add(Group.objects.get(name="Operators"))
-    token = Token.objects.get_or_create(user=user)[0].key
+    authorization = staff_key_header(user, name="bench")
     worker = manage("qcluster", database=url, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     timings: list[float] = []
     try:
         with Central(database=url, workers=2, OUTBOX_SITE_RATE_LIMIT=0, OUTBOX_DISPATCH_TRIGGER="true") as server:
             time.sleep(3)  # let the cluster start its workers
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-            headers = {"Content-Type": "application/json", "Authorization": f"Token {token}"}
+            headers = {"Content-Type": "application/json", "Authorization": authorization}
             for notification_id in ids:
                 started = time.perf_counter()
                 conn.request("POST", f"/api/v1/notifications/{notification_id}/retry/", "{}", headers)

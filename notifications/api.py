@@ -41,7 +41,7 @@ from notifications.kpis import kpis_compute
 from notifications.models import Notification
 from notifications.operations import notification_act
 from notifications.vocabulary import TYPE_CHOICES, TargetOutcome
-from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffTokenAuthentication
+from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffKeyAuthentication
 from sites.models import Site
 from sites.services import site_kpis_add
 
@@ -381,7 +381,7 @@ class NotificationDetailView(APIView):
     notification as stored. The site key is tried first, so an anonymous caller is still asked
     for one (``WWW-Authenticate: Api-Key``)."""
 
-    authentication_classes = [SiteKeyAuthentication, StaffTokenAuthentication, SessionAuthentication]
+    authentication_classes = [SiteKeyAuthentication, StaffKeyAuthentication, SessionAuthentication]
     permission_classes = [IsActiveSiteOrStaff]
 
     @extend_schema(
@@ -413,7 +413,7 @@ class KpiView(APIView):
     a console session: the token first, so an anonymous caller gets 401 with a WWW-Authenticate
     challenge; a non-staff user gets 403."""
 
-    authentication_classes = [StaffTokenAuthentication, SessionAuthentication]
+    authentication_classes = [StaffKeyAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
     throttle_classes = []
 
@@ -461,7 +461,7 @@ class NotificationActionView(APIView):
     permission, by token (``Authorization: Token …``) or console session (with its CSRF
     token) — never HTTP Basic."""
 
-    authentication_classes = [StaffTokenAuthentication, SessionAuthentication]
+    authentication_classes = [StaffKeyAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
     throttle_classes = []
     action = ""

@@ -12,6 +12,7 @@ class NotificationsConfig(AppConfig):
         from notifications.checks import (
             check_attachment_limit,
             check_channels,
+            check_deploy_settings,
             check_plaintext_auth,
             check_schedules_present,
             check_secrets_decryptable,
@@ -26,6 +27,7 @@ class NotificationsConfig(AppConfig):
         checks.register(check_plaintext_auth, checks.Tags.database)
         checks.register(check_attachment_limit)
         checks.register(check_channels, checks.Tags.database)
+        checks.register(check_deploy_settings, checks.Tags.security, deploy=True)
         # After every migrate: the worker's schedules exist without a deployment step.
         post_migrate.connect(schedules_after_migrate, sender=self, dispatch_uid="outbox-schedules")
         # A changed SMTP configuration (a fixed password, another relay) is probed at once.

@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlparse
 
 from django.apps import AppConfig
 from django.conf import settings
@@ -134,4 +135,85 @@ def check_channels(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                     id="outbox.W011",
                 )
             )
+    return found
+
+
+# The mark of every secret left as shipped in deploy/systemd/outbox.env.example.
+PLACEHOLDER = "change-me"
+METRICS_TOKEN_MIN_LENGTH = 32
+
+
+def _shipped_placeholders() -> dict[str, str]:
+    """The secret settings whose value still carries the example file's placeholder, by the name
+    of their environment variable."""
+    broker_password = urlparse(settings.Q_BROKER_URL).password if settings.Q_BROKER_URL else None
+    values: dict[str, str] = {
+        "SECRET_KEY": settings.SECRET_KEY,
+        "OUTBOX_METRICS_TOKEN": settings.OUTBOX_METRICS_TOKEN,
+        "DATABASE_URL": str(settings.DATABASES["default"].get("PASSWORD") or ""),
+        "Q_BROKER_URL": broker_password or "",
+        "OUTBOX_SECRET_KEYS": " ".join(settings.OUTBOX_SECRET_KEYS),
+    }
+    return {name: value for name, value in values.items() if PLACEHOLDER in value.lower()}
+
+
+def check_deploy_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """System checks of ``manage.py check --deploy`` beyond Django's own (which cover DEBUG, the
+    secret key's strength, HTTPS, cookies and HSTS):
+
+    * outbox.E020 — OUTBOX_BENCH_RAW_VIEW is on: an unauthenticated insert view meant for the
+      ingest benchmark only;
+    * outbox.E021 — a secret still holds the placeholder of deploy/systemd/outbox.env.example;
+    * outbox.W020 — OUTBOX_METRICS_TOKEN is shorter than 32 characters;
+    * outbox.W021 — the failed-authentication limit of the API is switched off;
+    * outbox.W022 — SECRET_KEY is not set (each host would generate a key of its own).
+
+    Returns what was found."""
+    found: list[CheckMessage] = []
+    if settings.OUTBOX_BENCH_RAW_VIEW:
+        found.append(
+            Error(
+                "OUTBOX_BENCH_RAW_VIEW is on: /bench/raw-insert/ inserts notifications with no authentication "
+                "and no validation.",
+                hint="It exists for the ingest benchmark only; remove OUTBOX_BENCH_RAW_VIEW from the environment.",
+                id="outbox.E020",
+            )
+        )
+    for name in _shipped_placeholders():
+        found.append(
+            Error(
+                f"{name} still holds the placeholder secret of the example environment file (CHANGE-ME).",
+                hint="Replace it with a secret of its own, e.g. `python -c 'import secrets; "
+                "print(secrets.token_urlsafe(50))'` (docs/deployment.md).",
+                id="outbox.E021",
+            )
+        )
+    token = settings.OUTBOX_METRICS_TOKEN
+    if token and PLACEHOLDER not in token.lower() and len(token) < METRICS_TOKEN_MIN_LENGTH:
+        found.append(
+            Warning(
+                f"OUTBOX_METRICS_TOKEN is {len(token)} characters long: short enough to guess.",
+                hint=f"Use at least {METRICS_TOKEN_MIN_LENGTH} random characters "
+                "(`python -c 'import secrets; print(secrets.token_urlsafe(32))'`).",
+                id="outbox.W020",
+            )
+        )
+    if settings.OUTBOX_AUTH_FAILURE_RATE <= 0:
+        found.append(
+            Warning(
+                "OUTBOX_AUTH_FAILURE_RATE is 0: failed API authentications are not limited, so API keys and "
+                "staff keys can be guessed as fast as the server answers.",
+                hint="Remove OUTBOX_AUTH_FAILURE_RATE from the environment (default 10 per minute).",
+                id="outbox.W021",
+            )
+        )
+    if settings.SECRET_KEY_GENERATED:
+        found.append(
+            Warning(
+                "SECRET_KEY is not set: this host generated a key of its own (var/secret_key).",
+                hint="Set SECRET_KEY to the same secret on every web and worker host; sessions, signed links and "
+                "encrypted secrets depend on it.",
+                id="outbox.W022",
+            )
+        )
     return found

@@ -8,6 +8,7 @@ import contextlib
 import os
 import secrets
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -132,8 +133,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",  # staff API tokens (operator actions)
     "rest_framework_api_key",
+    "axes",  # console login lockouts (notifications/console_login.py)
     "django_filters",
     "drf_spectacular",
     "django_q",
@@ -154,9 +155,20 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "notifications.console_time.ConsoleTimezoneMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "notifications.middleware.ContentSecurityPolicyMiddleware",
+    # Answers a refused console login 429 (its page says why and how long to wait). Inside the
+    # header middleware above, so that answer carries their headers; outside a synchronous one,
+    # so that under the ASGI server it runs synchronously like them (as the last middleware it
+    # would run asynchronously: one more thread switch for every request).
+    "axes.middleware.AxesMiddleware",
+    "notifications.console_time.ConsoleTimezoneMiddleware",
+]
+
+# django-axes first: a refused login never reaches the password check.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "outbox_project.urls"
@@ -241,6 +253,17 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Django's default hashers; the first (every password set since Django 4) computed one at a time
+# on the host, within a share of its time, at a low CPU priority (notifications/console_login.py),
+# so that a flood of logins cannot starve ingest.
+PASSWORD_HASHERS = [
+    "notifications.console_login.GatedPBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.BCryptSHA256PasswordHasher",
+    "django.contrib.auth.hashers.ScryptPasswordHasher",
+]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -324,6 +347,42 @@ OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
 OUTBOX_AUTH_FAILURE_BURST = _read("OUTBOX_AUTH_FAILURE_BURST", "int", 20)
 OUTBOX_AUTH_FAILURE_RATE = _read("OUTBOX_AUTH_FAILURE_RATE", "float", 10.0)
 OUTBOX_BENCH_RAW_VIEW = _read("OUTBOX_BENCH_RAW_VIEW", "bool", False)
+
+# --- Console logins (notifications/console_login.py, docs/operations.md "Console logins") --------
+# A user name is locked out *from one client address* after OUTBOX_LOGIN_FAILURE_LIMIT failed
+# logins, for OUTBOX_LOGIN_LOCKOUT_MINUTES after the last one (never a user name everywhere).
+OUTBOX_LOGIN_FAILURE_LIMIT = _positive("OUTBOX_LOGIN_FAILURE_LIMIT", 5, "int")
+OUTBOX_LOGIN_LOCKOUT_MINUTES = _positive("OUTBOX_LOGIN_LOCKOUT_MINUTES", 15, "int")
+# A client address may fail this many logins in a burst (any user names), refilled at this many
+# per minute, per web process; then it is refused before its credentials are looked at.
+OUTBOX_LOGIN_CLIENT_BURST = _positive("OUTBOX_LOGIN_CLIENT_BURST", 10, "int")
+OUTBOX_LOGIN_CLIENT_RATE = _positive("OUTBOX_LOGIN_CLIENT_RATE", 5.0, "float")
+# A refused login is answered after this many seconds (0: at once), so that a client retrying
+# as soon as it has an answer costs the server one page a second, not all it can render.
+OUTBOX_LOGIN_REFUSAL_DELAY = _read("OUTBOX_LOGIN_REFUSAL_DELAY", "float", 1.0)
+if not 0 <= OUTBOX_LOGIN_REFUSAL_DELAY <= 30:
+    raise ImproperlyConfigured(
+        f"Environment variable OUTBOX_LOGIN_REFUSAL_DELAY must be 0 to 30 seconds, got {OUTBOX_LOGIN_REFUSAL_DELAY!r}"
+    )
+# A login waits at most this long for its password check, then is asked to retry. Checks run one
+# at a time on the host: the web processes take turns through this lock file.
+OUTBOX_PASSWORD_HASH_WAIT = _positive("OUTBOX_PASSWORD_HASH_WAIT", 10.0, "float")
+OUTBOX_PASSWORD_HASH_LOCK = _read("OUTBOX_PASSWORD_HASH_LOCK", "str", str(VAR_DIR / "password-hashing.lock"))
+# The share of the time the host may spend on password checks: after one that took t seconds the
+# next waits t × (1 / cycle − 1). 1: no rest.
+OUTBOX_PASSWORD_HASH_DUTY_CYCLE = _fraction("OUTBOX_PASSWORD_HASH_DUTY_CYCLE", 0.25)
+AXES_ENABLED = True
+AXES_HANDLER = "notifications.console_login.ConsoleLoginHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_FAILURE_LIMIT = OUTBOX_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=OUTBOX_LOGIN_LOCKOUT_MINUTES)
+AXES_RESET_ON_SUCCESS = True
+# Refused attempts are not recorded: the lockout ends when announced, whoever keeps knocking.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "notifications.console_login.login_client_address"
+AXES_LOCKOUT_CALLABLE = "notifications.console_login.login_refusal_response"
+AXES_VERBOSE = False
+
 # GET /metrics (docs/observability.md): a bearer token that lets a scraper in from anywhere;
 # without it only clients on this host (loopback, not relayed by a proxy) may read the metrics.
 OUTBOX_METRICS_TOKEN = _read("OUTBOX_METRICS_TOKEN", "str", "")

@@ -24,6 +24,7 @@ from rest_framework_api_key.models import APIKey
 from notifications.admin.common import ReadOnlyRecords
 from notifications.clock import database_now
 from notifications.models import Notification
+from sites import staff_keys_admin  # noqa: F401  (registers the staff API keys' admin)
 from sites.models import Site, SiteAPIKey, SiteCommand, SiteHeartbeat, SiteParkedNotification
 from sites.services import (
     SiteCommandError,

@@ -2,7 +2,8 @@
 
 Missing, malformed, unknown, revoked and expired keys answer 401; a valid key of a
 deactivated site answers 403 (the caller is known, but not allowed). Repeated failures answer
-429 (sites/throttling.py). Staff use ``Authorization: Token`` for the KPI endpoint.
+429 (sites/throttling.py). Staff use ``Authorization: Token <staff key>`` for the staff API
+(KPIs, operator actions).
 """
 
 import hashlib
@@ -18,7 +19,8 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from sites.models import Site, SiteAPIKey
+from sites.models import Site, SiteAPIKey, StaffAPIKey
+from sites.services import staff_key_touch_last_used, staff_key_verify
 from sites.throttling import auth_failures, auth_failures_check, client_address
 
 KEYWORD = "Api-Key"
@@ -63,24 +65,38 @@ def _failed(keys: list[tuple[str, str]], message: str, *, code: str) -> NoReturn
     raise exceptions.AuthenticationFailed(message, code=code)
 
 
-class StaffTokenAuthentication(authentication.TokenAuthentication):
-    """``Authorization: Token <key>`` for staff users (DRF's tokens; an administrator issues one
-    in the console or with ``manage.py drf_create_token``). Failures are limited per client
-    address like API keys'. Tokens are random and checked by one lookup; HTTP Basic is not
-    offered, because every guess at a password costs a password hash."""
+class StaffKeyAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Token <key>`` for staff users: a staff key (sites.models.StaffAPIKey,
+    issued in the console under Staff API keys or with ``manage.py create_staff_key``), checked
+    by one lookup and a sha512 of the key. Unknown, revoked and expired keys and keys of
+    inactive users answer 401; failures are limited per client address like API keys'. HTTP
+    Basic is not offered, because every guess at a password costs a password hash."""
 
-    def authenticate(self, request: Request) -> Any:
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+    keyword = "Token"
+
+    def authenticate(self, request: Request) -> tuple[Any, StaffAPIKey] | None:
+        keyword, _, key = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if keyword.lower() != self.keyword.lower():
             return None
+        key = key.strip()
         client = [("client", client_address(request))]
         auth_failures_check(client)
-        try:
-            return super().authenticate(request)
-        except exceptions.AuthenticationFailed:
-            auth_failures.record(client)
-            auth_failures_check(client)
-            raise
+        # Printable ASCII without spaces, as every key is: anything else (a NUL, say) never
+        # reaches the database.
+        if not key or len(key) > 200 or not (key.isascii() and key.isprintable()) or " " in key:
+            _failed(client, "Malformed staff key.", code="invalid_key")
+        staff_key = staff_key_verify(key=key)
+        if staff_key is None:
+            _failed(client, "Unknown or revoked staff key.", code="invalid_key")
+        if staff_key.has_expired:
+            _failed(client, "Staff key has expired.", code="expired_key")
+        if not staff_key.user.is_active:
+            _failed(client, "The staff key's user is inactive.", code="inactive_user")
+        staff_key_touch_last_used(staff_key=staff_key)
+        return (staff_key.user, staff_key)
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword
 
 
 # Verified keys, by the sha512 of the presented key (never the key itself). Verifying a key

@@ -48,6 +48,30 @@ class SiteAPIKey(AbstractAPIKey):
         verbose_name_plural = "site API keys"
 
 
+class StaffAPIKeyManager(APIKeyManager):
+    def get_usable_keys(self) -> models.QuerySet:
+        return super().get_usable_keys().select_related("user")
+
+
+class StaffAPIKey(AbstractAPIKey):
+    """A staff user's key for the staff API (``Authorization: Token <key>``): stored hashed (the
+    key is shown once, when issued), named, expiring, revocable. Its user is fixed when it is
+    issued: a key is never handed to someone else."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="staff_api_keys")
+    # Every staff key expires (the library's keys may not).
+    expiry_date = models.DateTimeField(
+        verbose_name="expires", help_text="Once the key expires, requests with it are refused."
+    )
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[StaffAPIKeyManager] = StaffAPIKeyManager()
+
+    class Meta(AbstractAPIKey.Meta):
+        verbose_name = "staff API key"
+        verbose_name_plural = "staff API keys"
+
+
 class SiteHeartbeat(models.Model):
     """The latest heartbeat of a site's agent (one row per site, replaced by each heartbeat)."""
 

@@ -11,10 +11,11 @@ from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.utils import timezone
 
 from notifications.clock import database_now
 from notifications.models import Notification
-from sites.models import Site, SiteAPIKey, SiteCommand, SiteHeartbeat, SiteParkedNotification
+from sites.models import Site, SiteAPIKey, SiteCommand, SiteHeartbeat, SiteParkedNotification, StaffAPIKey
 
 Parked = SiteParkedNotification.State
 
@@ -50,6 +51,64 @@ def site_get(*, site_id: str) -> Site:
     if site is None:
         raise SiteKeyError(f"No site with site_id {site_id!r}. Create it in the admin or with outbox_config import.")
     return site
+
+
+# --- staff keys -------------------------------------------------------------------------------
+
+STAFF_KEY_DEFAULT_DAYS = 90
+
+
+class StaffKeyError(Exception):
+    """A staff key operation that cannot be done; the message says why."""
+
+
+def staff_key_issue(*, user: User, name: str, expiry_date: datetime) -> tuple[StaffAPIKey, str]:
+    """Issue a key of the staff API to ``user``; returns ``(staff_key, plaintext)``. The
+    plaintext is shown once and never stored. StaffKeyError when ``user`` is not an active staff
+    user, the name is blank or the expiry is not in the future."""
+    if not user.is_active or not user.is_staff:
+        raise StaffKeyError(f"User {user.get_username()!r} is not an active staff user; staff keys are for staff only.")
+    name = name.strip()
+    if not name:
+        raise StaffKeyError("A staff key needs a name (what uses it, e.g. 'monitoring').")
+    limit = StaffAPIKey._meta.get_field("name").max_length
+    if limit is not None and len(name) > limit:
+        raise StaffKeyError(f"The key name can be at most {limit} characters long.")
+    if expiry_date <= timezone.now():
+        raise StaffKeyError("The expiry must be in the future; a key that expired at once would be useless.")
+    staff_key, plaintext = StaffAPIKey.objects.create_key(user=user, name=name, expiry_date=expiry_date)
+    return cast(StaffAPIKey, staff_key), plaintext
+
+
+@transaction.atomic
+def staff_key_revoke(*, prefix: str) -> StaffAPIKey:
+    """Revoke the staff key whose prefix is ``prefix``; returns it. Revocation cannot be undone."""
+    staff_key = StaffAPIKey.objects.select_for_update().filter(prefix=prefix).select_related("user").first()
+    if staff_key is None:
+        raise StaffKeyError(f"No staff key with prefix {prefix!r}.")
+    if not staff_key.revoked:
+        staff_key.revoked = True
+        staff_key.save(update_fields=["revoked"])
+    return staff_key
+
+
+def staff_key_verify(*, key: str) -> StaffAPIKey | None:
+    """The unrevoked staff key (with its user) that ``key`` is, or None. Expiry and the user's
+    state are for the caller to check. A key is ``prefix.secret``; a token carried over from the
+    former plaintext tokens has no dot, and its first 8 characters are its prefix."""
+    prefix = key.partition(".")[0] if "." in key else key[:8]
+    staff_key = StaffAPIKey.objects.get_usable_keys().filter(prefix=prefix).first()
+    if staff_key is None or not staff_key.is_valid(key):
+        return None
+    return cast(StaffAPIKey, staff_key)
+
+
+def staff_key_touch_last_used(*, staff_key: StaffAPIKey) -> None:
+    """Record that ``staff_key`` authenticated a request now, at most once a minute (one UPDATE)."""
+    now = timezone.now()
+    if staff_key.last_used_at is None or now - staff_key.last_used_at >= timedelta(seconds=60):
+        StaffAPIKey.objects.filter(pk=staff_key.pk).update(last_used_at=now)
+        staff_key.last_used_at = now
 
 
 # --- heartbeats ---------------------------------------------------------------------------------

@@ -68,13 +68,19 @@ class AuthFailureLimiter:
 
     MAX_BUCKETS = 50_000
 
-    def __init__(self) -> None:
+    def __init__(self, *, burst: str = "OUTBOX_AUTH_FAILURE_BURST", rate: str = "OUTBOX_AUTH_FAILURE_RATE") -> None:
+        """``burst``, ``rate``: the names of the settings that hold the bucket's size and its
+        refill per minute (the console's logins have settings of their own)."""
+        self._burst_setting, self._rate_setting = burst, rate
         self._buckets: dict[tuple[str, str], list[float]] = {}
         self._lock = threading.Lock()
 
+    def _rate(self) -> float:
+        return float(getattr(settings, self._rate_setting))
+
     def _refilled(self, key: tuple[str, str], now: float) -> list[float]:
-        burst = float(max(settings.OUTBOX_AUTH_FAILURE_BURST, 1))
-        per_second = settings.OUTBOX_AUTH_FAILURE_RATE / 60.0
+        burst = float(max(getattr(settings, self._burst_setting), 1))
+        per_second = self._rate() / 60.0
         bucket = self._buckets.get(key)
         if bucket is None:
             return [burst, now]
@@ -84,10 +90,10 @@ class AuthFailureLimiter:
 
     def wait(self, keys: list[tuple[str, str]]) -> float:
         """Seconds until every one of ``keys`` may fail again; 0 when none is exhausted."""
-        if settings.OUTBOX_AUTH_FAILURE_RATE <= 0:
+        if self._rate() <= 0:
             return 0.0
         now = time.monotonic()
-        per_second = settings.OUTBOX_AUTH_FAILURE_RATE / 60.0
+        per_second = self._rate() / 60.0
         waits = []
         with self._lock:
             for key in keys:
@@ -99,7 +105,7 @@ class AuthFailureLimiter:
 
     def record(self, keys: list[tuple[str, str]]) -> None:
         """Count one failed authentication against each of ``keys``."""
-        if settings.OUTBOX_AUTH_FAILURE_RATE <= 0:
+        if self._rate() <= 0:
             return
         now = time.monotonic()
         with self._lock:

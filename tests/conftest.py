@@ -33,21 +33,28 @@ def django_db_modify_db_settings(
 @pytest.fixture(scope="session", autouse=True)
 def _test_run_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """For the whole run, here and in every process a test starts: the dispatch trigger is off
-    unless a test is marked ``dispatch_trigger``; STATIC_ROOT and the metrics files are
-    directories of this run, not var/ of the checkout. In this process, passwords use a fast hasher: the hash
+    unless a test is marked ``dispatch_trigger``; STATIC_ROOT, the metrics files and the password
+    hashing lock are in directories of this run, not var/ of the checkout. In this process, passwords use a fast hasher: the hash
     algorithm is Django's, not what these tests examine, and the default one costs a
     noticeable fraction of a second per user created."""
     static_root = str(tmp_path_factory.mktemp("static"))
     # Processes the tests start count their deliveries into this run's metrics files, not var/.
     metrics_dir = str(tmp_path_factory.mktemp("metrics"))
+    hash_lock = str(tmp_path_factory.mktemp("locks") / "password-hashing.lock")
     with (
         mock.patch.dict(
             os.environ,
-            {"OUTBOX_DISPATCH_TRIGGER": "false", "STATIC_ROOT": static_root, "PROMETHEUS_MULTIPROC_DIR": metrics_dir},
+            {
+                "OUTBOX_DISPATCH_TRIGGER": "false",
+                "STATIC_ROOT": static_root,
+                "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+                "OUTBOX_PASSWORD_HASH_LOCK": hash_lock,
+            },
         ),
         override_settings(
             OUTBOX_DISPATCH_TRIGGER=False,
             STATIC_ROOT=static_root,
+            OUTBOX_PASSWORD_HASH_LOCK=hash_lock,
             PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
         ),
     ):
@@ -63,11 +70,13 @@ def _dispatch_trigger(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_rate_limits() -> None:
-    """Each test starts with full per-site and failed-authentication token buckets."""
+    """Each test starts with full per-site, failed-authentication and console-login token buckets."""
+    from notifications.console_login import login_failures
     from sites.throttling import SiteRateThrottle, auth_failures
 
     SiteRateThrottle._buckets.clear()
     auth_failures.clear()
+    login_failures.clear()
 
 
 @pytest.fixture

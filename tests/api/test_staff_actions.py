@@ -16,13 +16,13 @@ from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from notifications import trigger
 from notifications.models import Notification
 from tests.admin.conftest import PASSWORD, make_notification, make_user
 from tests.support.processes import poll
+from tests.support.staff import staff_key_header
 
 Status = Notification.Status
 
@@ -36,7 +36,7 @@ def url(notification, action):
 def operator_api(db):
     user = make_user("olivia", groups=["Operators"])
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=staff_key_header(user))
     return client
 
 
@@ -80,17 +80,20 @@ def test_staff_without_the_actions_permission_get_403(db):
 
 
 def test_a_user_who_is_not_staff_gets_403(db, django_user_model):
-    user = django_user_model.objects.create_user("clerk", password=PASSWORD)
+    user = django_user_model.objects.create_user("clerk", password=PASSWORD, is_staff=True)
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=staff_key_header(user))
+    # Staff when the key was issued, no longer now.
+    user.is_staff = False
+    user.save()
     assert client.post(url(make_notification(status=Status.PARKED), "retry")).status_code == 403
 
 
 def test_a_console_session_works_but_needs_the_csrf_token(db):
-    make_user("olivia", groups=["Operators"])
+    olivia = make_user("olivia", groups=["Operators"])
     parked = make_notification(status=Status.PARKED)
     client = Client(enforce_csrf_checks=True)
-    assert client.login(username="olivia", password=PASSWORD)
+    client.force_login(olivia)
     json = "application/json"
     assert client.post(url(parked, "retry"), "{}", content_type=json).status_code == 403  # no CSRF token
     assert status_of(parked) == Status.PARKED

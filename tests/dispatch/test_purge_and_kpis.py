@@ -18,6 +18,7 @@ from notifications.models import ChannelHealth, DeliveryAttempt, Notification, P
 from notifications.purge import notifications_purge
 from notifications.vocabulary import FailureClass
 from tests.support.processes import settings_refusal
+from tests.support.staff import staff_key_header
 
 Status = Notification.Status
 _n = itertools.count()
@@ -312,17 +313,22 @@ def test_kpis_take_a_few_queries_while_every_channel_is_healthy(crafted, django_
 
 
 def token(username):
-    from rest_framework.authtoken.models import Token
-
-    return "Token " + Token.objects.get_or_create(user=User.objects.get(username=username))[0].key
+    """A new staff key of ``username``, issued while the user is staff (which it may not stay)."""
+    user = User.objects.get(username=username)
+    was_staff = user.is_staff
+    User.objects.filter(pk=user.pk).update(is_staff=True)
+    user.is_staff = True
+    header = staff_key_header(user)
+    User.objects.filter(pk=user.pk).update(is_staff=was_staff)
+    return header
 
 
 def test_kpi_endpoint_answers_staff_with_a_token_or_a_session(crafted, client):
-    User.objects.create_user("boss", password="pw-123456", is_staff=True)
+    boss = User.objects.create_user("boss", password="pw-123456", is_staff=True)
     response = client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=token("boss"))
     assert response.status_code == 200
     assert response.json()["global"]["queue_depth"] == 4
-    client.login(username="boss", password="pw-123456")
+    client.force_login(boss)
     assert client.get("/api/v1/kpis/").json()["per_site"]["plant-b"]["parked"] == 1
 
 

@@ -1,7 +1,9 @@
-"""The production reverse proxy as documented: nginx running deploy/nginx-outbox.conf (ports and
-certificate paths substituted) in front of central's default gunicorn configuration, with
-central set up for production behind a proxy (OUTBOX_HTTPS, OUTBOX_BEHIND_PROXY). Skipped, with
-the reason printed, where nginx is not installed (CI installs it from Debian's packages)."""
+"""The production reverse proxy as documented: nginx running deploy/nginx-outbox.conf (ports,
+certificate and log paths substituted) in front of central's default gunicorn configuration,
+with central set up for production behind a proxy (OUTBOX_HTTPS, OUTBOX_BEHIND_PROXY): HTTPS
+(TLS 1.2 and 1.3), slow clients kept away from central, login posts limited per address, an
+access log without query strings. Skipped, with the reason printed, where nginx is not
+installed (CI installs it from Debian's packages)."""
 
 import http.client
 import json
@@ -35,9 +37,11 @@ def nginx_config(directory: Path, *, upstream: int, https: int, http: int, cert:
         ("listen 80;", f"listen 127.0.0.1:{http};"),
         ("/etc/ssl/outbox/fullchain.pem", str(cert)),
         ("/etc/ssl/outbox/privkey.pem", str(key)),
+        ("/var/log/nginx/outbox.access.log", str(directory / "outbox.access.log")),
     ):
         assert old in site, f"deploy/nginx-outbox.conf no longer has {old!r}"
         site = site.replace(old, new)
+    assert "/var/log/" not in site, "deploy/nginx-outbox.conf has a log path this test does not substitute"
     (directory / "outbox.conf").write_text(site)
     main = directory / "nginx.conf"
     main.write_text(
@@ -130,3 +134,42 @@ def test_slow_clients_through_the_proxy_never_reach_central(proxied_central, sit
     )
     assert report.ratio >= 0.95, f"{report.answered} of {report.probes} probes answered within 2 s"
     assert time.monotonic() - started < 60
+
+
+def _request(port, context, method, path, body=None, headers=None):
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    try:
+        connection.request(method, path, body, headers or {})
+        response = connection.getresponse()
+        return response.status, response.read().decode(errors="replace")
+    finally:
+        connection.close()
+
+
+def test_the_access_log_shows_method_and_path_but_never_a_query_string(proxied_central, tmp_path):
+    https_port, _, context = proxied_central
+    status, _ = _request(https_port, context, "GET", "/api/v1/notifications/?api_key=abc.supersecret&x=1")
+
+    assert status == 401
+    log = (tmp_path / "outbox.access.log").read_text()
+    assert '"GET /api/v1/notifications/ HTTP/1.1" 401' in log
+    assert "supersecret" not in log and "api_key" not in log
+
+
+def test_login_posts_from_one_address_beyond_a_small_burst_get_429_from_the_proxy(proxied_central):
+    https_port, _, context = proxied_central
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    statuses = [
+        _request(https_port, context, "POST", "/admin/login/", "username=a&password=b", form)[0] for _ in range(9)
+    ]
+
+    # 1 + a burst of 5 reach central (which refuses them: no CSRF token), the rest stop at nginx.
+    assert statuses == [403] * 6 + [429] * 3
+    # Loading the login page is not limited.
+    assert _request(https_port, context, "GET", "/admin/login/")[0] == 200
+
+
+def test_tls_1_2_clients_are_served(proxied_central):
+    https_port, _, context = proxied_central
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    assert _request(https_port, context, "GET", "/healthz")[0] == 200

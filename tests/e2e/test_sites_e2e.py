@@ -17,7 +17,6 @@ import requests
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
 
 from notifications.models import EmailRecipient, Notification, NotificationList
 from sites.agent import SiteOutbox
@@ -27,6 +26,7 @@ from tests.admin.conftest import make_user
 from tests.dispatch.conftest import configure_smtp
 from tests.support.processes import ROOT, Central, child_env, manage, poll, stop
 from tests.support.smtp import SmtpServer
+from tests.support.staff import staff_key_header
 
 pytestmark = pytest.mark.slow
 Status = Notification.Status
@@ -145,7 +145,7 @@ def test_a_send_reaches_central_at_once_through_the_running_forwarder(world):
 
 def test_a_site_that_stops_heartbeating_is_shown_silent(world, admin_client, settings):
     settings.OUTBOX_SITE_SILENT_AFTER = 2
-    token = Token.objects.create(user=User.objects.create_user("boss", is_staff=True)).key
+    authorization = staff_key_header(User.objects.create_user("boss", is_staff=True))
     sites_page = reverse("admin:sites_site_changelist")
     with Central(OUTBOX_SITE_SILENT_AFTER=2) as central:
         service = forwarder(world, central.url)
@@ -159,9 +159,7 @@ def test_a_site_that_stops_heartbeating_is_shown_silent(world, admin_client, set
             timeout=30,
             message="the site never showed silent",
         )
-        kpis = requests.get(
-            f"{central.url}/api/v1/kpis/", headers={"Authorization": f"Token {token}"}, timeout=10
-        ).json()
+        kpis = requests.get(f"{central.url}/api/v1/kpis/", headers={"Authorization": authorization}, timeout=10).json()
     assert kpis["per_site"]["plant-sites"]["silent"] is True and kpis["global"]["silent_sites"] == 1
 
 

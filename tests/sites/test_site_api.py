@@ -7,11 +7,11 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from sites.models import SiteCommand, SiteHeartbeat, SiteParkedNotification
 from sites.services import site_commands_issue
+from tests.support.staff import staff_key_header
 
 HEARTBEAT = "/api/v1/sites/heartbeat/"
 PARKED = "/api/v1/sites/parked/"
@@ -296,7 +296,7 @@ def test_a_discard_needs_a_reason(site, parked_row):
 def staff_token(username):
     """The ``Authorization`` header of a staff user's API token (the KPI endpoint takes tokens)."""
     user = User.objects.create_user(username, is_staff=True)
-    return f"Token {Token.objects.create(user=user).key}"
+    return staff_key_header(user)
 
 
 def test_the_kpi_endpoint_has_each_sites_backlog_parked_at_site_and_silence(client, api, site, other_site, settings):
