@@ -11,6 +11,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 
+from notifications.admin.common import SecretsUndecryptableExplained
 from notifications.channel_targets import (
     apprise_url_problem,
     channel_configuration_problems,
@@ -279,7 +280,7 @@ class ChannelConfigurationForm(forms.ModelForm):
 
 
 @admin.register(ChannelConfiguration)
-class ChannelConfigurationAdmin(admin.ModelAdmin):
+class ChannelConfigurationAdmin(SecretsUndecryptableExplained):
     form = ChannelConfigurationForm
     list_display = ("channel", "timeout_seconds", "provider", "account_sid", "from_number", "api_base_display")
 

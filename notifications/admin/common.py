@@ -11,6 +11,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from notifications.secrets import SecretDecryptionError
+
 
 def json_block(value: Any) -> SafeString:
     """``value`` as indented JSON in a <pre> block."""
@@ -54,3 +56,38 @@ class DiscardForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Required: kept with the notification, with your name and the time.",
     )
+
+
+class SecretsUndecryptableExplained(admin.ModelAdmin):
+    """A page of an object holding a secret the configured keys cannot decrypt (SECRET_KEY or
+    OUTBOX_SECRET_KEYS changed without the old key kept) says so and what to do, on the console's
+    index, instead of failing with a server error."""
+
+    def changeform_view(
+        self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        return self._explained(
+            request,
+            lambda: super(SecretsUndecryptableExplained, self).changeform_view(
+                request, object_id, form_url, extra_context
+            ),
+        )
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return self._explained(
+            request, lambda: super(SecretsUndecryptableExplained, self).changelist_view(request, extra_context)
+        )
+
+    def _explained(self, request: HttpRequest, view: Any) -> Any:
+        try:
+            response = view()
+            if hasattr(response, "render"):
+                response.render()  # the forms read the stored secrets while the page renders
+        except SecretDecryptionError as error:
+            self.message_user(
+                request,
+                f"This {self.opts.verbose_name} cannot be shown: {error} Then run “manage.py rotate_secrets”.",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(reverse("admin:index"))
+        return response

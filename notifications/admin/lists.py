@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from notifications.admin.channels import CHANNEL_INLINES
-from notifications.admin.common import missing_object_redirect
+from notifications.admin.common import SecretsUndecryptableExplained, missing_object_redirect
 from notifications.email_address import email_address_problem
 from notifications.list_names import list_name_normalize, list_name_problem, notification_list_clash
 from notifications.list_tools import (
@@ -104,7 +104,7 @@ class EmailRecipientInline(admin.TabularInline):
 
 
 @admin.register(NotificationList)
-class NotificationListAdmin(admin.ModelAdmin):
+class NotificationListAdmin(SecretsUndecryptableExplained):
     form = NotificationListForm
     inlines = [EmailRecipientInline, *CHANNEL_INLINES]
     list_display = ("name", "recipient_count", "recipient_mode", "description")

@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpRespons
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from notifications.admin.common import missing_object_redirect
+from notifications.admin.common import SecretsUndecryptableExplained, missing_object_redirect
 from notifications.email_address import email_address_problem
 from notifications.models import SmtpConfiguration
 from notifications.operations import (
@@ -249,7 +249,7 @@ class SendTestForm(forms.Form):
 
 
 @admin.register(SmtpConfiguration)
-class SmtpConfigurationAdmin(admin.ModelAdmin):
+class SmtpConfigurationAdmin(SecretsUndecryptableExplained):
     form = SmtpConfigurationForm
     fieldsets = (
         (
@@ -336,9 +336,12 @@ class SmtpConfigurationAdmin(admin.ModelAdmin):
         return super().has_add_permission(request) and not SmtpConfiguration.objects.exists()
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        config = SmtpConfiguration.current()
-        if config is not None and self.has_view_or_change_permission(request):
-            return HttpResponseRedirect(reverse("admin:notifications_smtpconfiguration_change", args=[config.pk]))
+        # The singleton's page instead of a list of one (the configuration is read there, so a
+        # secret no key decrypts is explained, not a server error).
+        if self.has_view_or_change_permission(request) and SmtpConfiguration.objects.exists():
+            return HttpResponseRedirect(
+                reverse("admin:notifications_smtpconfiguration_change", args=[SmtpConfiguration.SINGLETON_PK])
+            )
         return super().changelist_view(request, extra_context)
 
     def get_urls(self) -> list[URLPattern]:

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
+from django.urls import reverse
 
 from notifications.checks import check_secrets_decryptable
 from notifications.models import SmtpConfiguration
@@ -58,3 +59,28 @@ def test_a_wrong_key_is_a_clear_error_and_a_failing_system_check(smtp_config):
         with pytest.raises(CommandError, match="cannot be decrypted"):
             call_command("rotate_secrets", stdout=io.StringIO())
     assert check_secrets_decryptable() == []
+
+
+def test_a_console_page_whose_secret_no_key_decrypts_says_what_to_do_instead_of_failing(smtp_config, client):
+    from notifications.models import ChannelConfiguration, NotificationList, TeamsTarget
+    from tests.admin.conftest import login, make_user
+
+    notification_list = NotificationList.objects.create(name="Night shift")
+    TeamsTarget.objects.create(
+        notification_list=notification_list, url="https://prod.example.com/workflows/x/invoke?sig=SECRET"
+    )
+    ChannelConfiguration.objects.create(channel="sms", provider="twilio", auth_token="token")
+    login(client, make_user("adam", groups=["Administrators"]))
+    pages = [
+        reverse("admin:notifications_notificationlist_change", args=[notification_list.pk]),
+        reverse("admin:notifications_smtpconfiguration_change", args=[smtp_config.pk]),
+        reverse("admin:notifications_smtpconfiguration_changelist"),
+        reverse("admin:notifications_channelconfiguration_changelist"),
+    ]
+    with override_settings(OUTBOX_SECRET_KEYS=["some-other-key"]):
+        for page in pages:
+            response = client.get(page, follow=True)
+            assert response.status_code == 200, page
+            said = [str(message) for message in response.context["messages"]]
+            assert any("cannot be shown" in text and "OUTBOX_SECRET_KEYS" in text for text in said), (page, said)
+    assert client.get(pages[0]).status_code == 200  # the right key: the page as usual
