@@ -7,7 +7,6 @@ anywhere in what the site gets; staff see them; a receiver's response body reach
 import json
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from notifications.models import (
@@ -25,6 +24,7 @@ from tests.channels.conftest import configure_sms
 from tests.dispatch.conftest import configure_smtp, fresh, run_pass, smtp_server
 from tests.support.payloads import make_payload
 from tests.support.receivers import Receiver, Reply, new_webhook_secret
+from tests.support.staff import staff_key_header
 
 __all__ = ["smtp_server"]  # the dispatch tests' SMTP server fixture, used here
 
@@ -39,7 +39,7 @@ NUMBER = "+4930123456"
 @pytest.fixture
 def staff_api(db):
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=make_user('sam')).key}")
+    client.credentials(HTTP_AUTHORIZATION=staff_key_header(make_user("sam")))
     return client
 
 
@@ -210,7 +210,7 @@ def test_a_user_who_is_not_staff_cannot_read_status_records(api, db, django_user
     payload = post(api, list_name="Nobody")
     user = django_user_model.objects.create_user("nosy", password="x")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.force_login(user)  # a console session of a user who is not staff (no staff key can be issued to one)
     assert client.get(f"/api/v1/notifications/{payload['notification_id']}/").status_code == 403
     anonymous = APIClient().get(f"/api/v1/notifications/{payload['notification_id']}/")
     assert anonymous.status_code == 401 and anonymous["WWW-Authenticate"] == "Api-Key"
