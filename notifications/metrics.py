@@ -17,7 +17,8 @@ Two kinds of figures, with their names fixed (dashboards and alert rules use the
   ``outbox_site_backlog{site}``, ``outbox_channel_open{channel}``. They come from the same
   index-only queries as the console's KPIs (notifications.kpis), cached for
   OUTBOX_METRICS_CACHE_SECONDS per process, so a scrape costs at most one KPI pass and a
-  burst of scrapes one in all.
+  burst of scrapes one in all. ``outbox_worker_last_seen_seconds`` (:class:`WorkerCollector`):
+  seconds since the most recent activity of any worker process (notifications.workers).
 
 This module is imported by web processes (the view) and by the dispatcher; it imports
 nothing of the worker.
@@ -42,6 +43,7 @@ from prometheus_client.registry import Collector
 from notifications.kpis import kpis_compute
 from notifications.metrics_files import MetricsFilesCollector
 from notifications.vocabulary import ADAPTER_PATHS
+from notifications.workers import workers_last_seen
 from sites.services import sites_kpis
 
 # prometheus-client picks its mode once, when it is first imported: with PROMETHEUS_MULTIPROC_DIR
@@ -190,6 +192,25 @@ class KpiCollector(Collector):
         yield channel_open
 
 
+class WorkerCollector(Collector):
+    """``outbox_worker_last_seen_seconds``: seconds since any worker process last ran something
+    (+Inf when none ever has).
+
+    One series, without a host label, on purpose: the workers are one pool fed by one queue,
+    and a task goes to whichever worker takes it first, so a healthy host can stay idle for
+    many minutes while another takes the sweep. Per host, "not seen lately" would not tell an
+    idle host from a dead one, and a host taken out of service would alert forever. What must
+    never happen is that no worker runs at all; the console lists each process."""
+
+    def collect(self) -> Iterator[Metric]:
+        last = workers_last_seen()
+        yield GaugeMetricFamily(
+            "outbox_worker_last_seen_seconds",
+            "Seconds since the most recent activity of any worker process (+Inf: none has ever run).",
+            value=float("inf") if last is None else last.seconds_ago,
+        )
+
+
 def metrics_registry() -> CollectorRegistry:
     """A registry for one scrape: the counters and histograms of every process (multiprocess
     mode) or of this one, and the gauges from the database."""
@@ -200,6 +221,7 @@ def metrics_registry() -> CollectorRegistry:
         for metric in (DELIVERIES, DELIVERY_SECONDS, INGEST_TO_DELIVERED):
             registry.register(metric)
     registry.register(KpiCollector())
+    registry.register(WorkerCollector())
     return registry
 
 
