@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import DurationField, ExpressionWrapper, Max
+from django.db.models.functions import Now
 from django_q.conf import Conf
 
 from notifications.clock import database_now
@@ -99,6 +101,15 @@ def workers_last_seen() -> WorkerSighting | None:
         last_action=latest.last_action,
         seconds_ago=ago,
     )
+
+
+def workers_last_seen_seconds() -> float:
+    """Seconds since the most recent activity of any worker process, on the database clock
+    (one query); infinity when none has ever run."""
+    latest = WorkerProcess.objects.aggregate(
+        ago=ExpressionWrapper(Now() - Max("last_seen_at"), output_field=DurationField())
+    )["ago"]
+    return float("inf") if latest is None else max(0.0, latest.total_seconds())
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django_q.models import OrmQ
 
 from notifications import tasks, trigger
@@ -28,11 +29,16 @@ def waiting_request() -> DispatchRequest:
 
 def age_request(seconds: float) -> None:
     """Move the waiting request ``seconds`` into the past, as if its task had not started."""
-    request = waiting_request()
-    DispatchRequest.objects.filter(pk=request.pk).update(
-        requested_at=request.requested_at - timedelta(seconds=seconds),
-        replace_after=request.replace_after - timedelta(seconds=seconds),
+    DispatchRequest.objects.update(
+        requested_at=F("requested_at") - timedelta(seconds=seconds),
+        replace_after=F("replace_after") - timedelta(seconds=seconds),
     )
+
+
+def request_start_seconds(request: DispatchRequest) -> float:
+    """How long the request may wait for its task before it may be replaced."""
+    assert request.requested_at is not None and request.replace_after is not None
+    return (request.replace_after - request.requested_at).total_seconds()
 
 
 # --- the request state --------------------------------------------------------------------------
@@ -42,7 +48,7 @@ def test_a_request_is_recorded_before_its_task_is_queued_and_names_it(db):
     assert trigger.dispatch_enqueue() is True
     request = waiting_request()
     assert queued_dispatch_requests() == [request.token]
-    assert request.requested_at <= database_now()
+    assert request.requested_at is not None and request.requested_at <= database_now()
     assert trigger.dispatch_enqueue() is False
     assert len(queued_dispatch_tasks()) == 1
 
@@ -52,19 +58,19 @@ def test_a_request_whose_task_never_starts_is_replaced_and_the_next_one_waits_tw
     replacing it become a storm."""
     assert trigger.dispatch_enqueue() is True
     first = waiting_request()
-    assert (first.replace_after - first.requested_at).total_seconds() == trigger.REQUEST_START_SECONDS
+    assert request_start_seconds(first) == trigger.REQUEST_START_SECONDS
     age_request(trigger.REQUEST_START_SECONDS - 0.5)
     assert trigger.dispatch_enqueue() is False  # not yet overdue
     age_request(1)
     assert trigger.dispatch_enqueue() is True
     second = waiting_request()
     assert second.token != first.token and second.reissued == 1
-    assert (second.replace_after - second.requested_at).total_seconds() == 2 * trigger.REQUEST_START_SECONDS
+    assert request_start_seconds(second) == 2 * trigger.REQUEST_START_SECONDS
     for _ in range(10):
         age_request(trigger.REQUEST_START_MAX_SECONDS)
         assert trigger.dispatch_enqueue() is True
     last = waiting_request()
-    assert (last.replace_after - last.requested_at).total_seconds() == trigger.REQUEST_START_MAX_SECONDS
+    assert request_start_seconds(last) == trigger.REQUEST_START_MAX_SECONDS
     assert len(queued_dispatch_tasks()) == 12
 
 
@@ -147,7 +153,9 @@ def test_asking_for_help_that_fails_does_not_stop_the_pass(smtp_server, smtp_con
 
 def deliveries_by_pid(ids: list[str]) -> Counter[int]:
     """Deliveries per worker process, from the attempts' worker ids (``q:<host>:<pid>:<pass>``)."""
-    workers = DeliveryAttempt.objects.filter(notification_id__in=ids, outcome="success").values_list("worker", flat=True)
+    workers = DeliveryAttempt.objects.filter(notification_id__in=ids, outcome="success").values_list(
+        "worker", flat=True
+    )
     return Counter(int(worker.split(":")[2]) for worker in workers)
 
 
