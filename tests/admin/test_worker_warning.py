@@ -38,3 +38,13 @@ def test_staff_who_may_not_view_notifications_see_no_warning(client, db):
 
     login(client, make_user("sam"))
     assert b"outbox-worker-silence" not in client.get(reverse("admin:index")).content
+
+
+def test_operators_see_each_worker_process_read_only(operator_client):
+    worker_process_record(action="dispatch: claimed 3, delivered 3")
+    url = reverse("admin:notifications_workerprocess_changelist")
+    content = operator_client.get(url).content.decode()
+    assert socket.gethostname() in content and "dispatch: claimed 3, delivered 3" in content
+    row = WorkerProcess.objects.get()
+    assert operator_client.post(reverse("admin:notifications_workerprocess_delete", args=[row.pk])).status_code == 403
+    assert WorkerProcess.objects.filter(pk=row.pk).exists()
