@@ -39,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_dispatch import configure, ingest_backlog
-from bench.common import check, dispatchers_run, fresh_database, setup_django, threads_run, write_results
+from bench.common import RESULTS, check, dispatchers_run, fresh_database, setup_django, threads_run, write_results
 from tests.support.db import drop_postgres_database
 from tests.support.processes import SmtpSink, manage, poll, stop
 
@@ -169,9 +169,10 @@ def qclusters_drain(url: str, *, clusters: int, q_workers: int, concurrency: int
     configure(sink.port)
     ids = ingest_backlog(count)
     env = {"OUTBOX_Q_WORKERS": str(q_workers), "OUTBOX_CONCURRENCY": str(concurrency)}
+    logs = [(RESULTS / f"scaleout-qcluster-{clusters}-{n}.log").open("w") for n in range(clusters)]
     processes = [
-        manage("qcluster", database=url, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **env)
-        for _ in range(clusters)
+        manage("qcluster", database=url, stdout=subprocess.DEVNULL, stderr=log, LOG_LEVEL="INFO", **env)
+        for log in logs
     ]
     try:
         poll(
@@ -192,6 +193,8 @@ def qclusters_drain(url: str, *, clusters: int, q_workers: int, concurrency: int
     finally:
         for process in processes:
             stop(process, timeout=90)
+        for log in logs:
+            log.close()
     received = sink.stop()
     counts = Counter(received)
     exactly_once = set(counts) == set(ids) and all(n == 1 for n in counts.values())

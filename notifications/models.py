@@ -577,8 +577,9 @@ class DispatchRequest(models.Model):
 
 class WorkerProcess(models.Model):
     """One worker process (a django-q2 task process) as it last reported itself: when it
-    started, when it last ran something and what (notifications.workers). Written by the
-    workers only; a row of a process not seen for a day is removed when a new process starts."""
+    started, when it last ran something and what, and whether it is running a task now
+    (notifications.workers). Written by the workers only; a row of a process not seen for a
+    day is removed when a new process starts."""
 
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
@@ -586,6 +587,7 @@ class WorkerProcess(models.Model):
     started_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     last_action = models.CharField(max_length=300, blank=True)
+    busy = models.BooleanField(default=False)  # running a task (from its start to its end)
 
     class Meta:
         constraints = [

@@ -50,9 +50,12 @@ def dispatch_task(request: str = "") -> str:
     if request:
         dispatch_request_started(token=request)
     name = "dispatch" if request else "dispatch sweep"
-    worker_process_record(action=f"{name}: started")
-    report = _dispatch_run()
-    worker_process_record(action=f"{name}: {report}")
+    worker_process_record(action=f"{name}: started", busy=True)
+    report = "stopped by an error (see the failed tasks)"
+    try:
+        report = _dispatch_run()
+    finally:
+        worker_process_record(action=f"{name}: {report}")
     return report
 
 
@@ -73,9 +76,13 @@ def _dispatch_run() -> str:
 def purge_task() -> str:
     """The retention purge within the task's time budget; queues a follow-up purge task when
     expired rows remain. Returns its report as text (kept in django-q2's task result)."""
-    worker_process_record(action="retention purge: started")
-    report = notifications_purge(time_budget=task_time_budget())
-    if report.more:
-        async_task(PURGE_TASK, task_name="purge")
-    worker_process_record(action=f"retention purge: {report}")
-    return str(report)
+    worker_process_record(action="retention purge: started", busy=True)
+    outcome = "stopped by an error (see the failed tasks)"
+    try:
+        report = notifications_purge(time_budget=task_time_budget())
+        if report.more:
+            async_task(PURGE_TASK, task_name="purge")
+        outcome = str(report)
+    finally:
+        worker_process_record(action=f"retention purge: {outcome}")
+    return outcome

@@ -14,13 +14,16 @@ committed before it starts, so a burst of 1,000 notifications, or many passes fi
 backlog at once, queue one task, however many processes ask.
 
 A request whose task has not started within ``REQUEST_START_SECONDS`` may be replaced by a new
-one, and each replacement in a row waits twice as long (up to ``REQUEST_START_MAX_SECONDS``)
+one while some worker process is idle (as the worker heartbeat says: notifications.workers),
+and each replacement in a row waits twice as long (up to ``REQUEST_START_MAX_SECONDS``)
 before it may be replaced in turn. A task starts within a fraction of a second when a worker
-is free; one that does not was lost (a Redis restart, a worker killed as it took it) or was
-taken by a django-q2 cluster whose workers are all busy — each cluster's "pusher" takes tasks
-from the broker ahead of its workers — while another cluster's workers may be idle. Replacing
-it lets those join; the doubling keeps the tasks asked for while every worker is busy to a
-handful per pass, never a storm.
+is free; one that does not was taken by a django-q2 cluster whose task processes are all busy
+— each cluster's "pusher" takes tasks from the broker ahead of its workers — while another
+cluster's processes may be idle, or it was lost (a Redis restart, a worker killed as it took
+it). Replacing it lets the idle ones join. While every worker process is busy a request is
+not replaced (nobody could take the new one either) until ``REQUEST_LOST_SECONDS``, the bound
+for a lost task; so the tasks asked for while every worker is busy stay a handful, never a
+storm, and each later finds the backlog (or nothing) and ends.
 
 The row lives in the database whichever broker carries the tasks: a dispatch task can do
 nothing without the database, so its request state there adds no dependency, and there is one
@@ -33,6 +36,7 @@ import threading
 import time
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, close_old_connections, connection, transaction
@@ -40,6 +44,7 @@ from django_q.tasks import async_task
 
 from notifications.clock import database_now
 from notifications.models import DispatchRequest
+from notifications.workers import workers_idle
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +53,12 @@ DISPATCH_TASK = "notifications.tasks.dispatch_task"
 TRIGGER_DEBOUNCE = 0.05  # seconds between two enqueue checks of one process
 TRIGGER_IDLE_CLOSE = 2.0  # the trigger thread closes its database connection when idle this long
 # A requested task normally starts within a poll of the broker (0.2 s); one that has not
-# started after this may be replaced, after twice as long the next time, and so on.
-REQUEST_START_SECONDS = 2.0
-REQUEST_START_MAX_SECONDS = 64.0
+# started after this may be replaced while a worker process is idle, after twice as long the
+# next time, and so on up to the maximum.
+REQUEST_START_SECONDS = 0.5
+REQUEST_START_MAX_SECONDS = 8.0
+# Whatever the workers say, a request not started after this is taken for lost.
+REQUEST_LOST_SECONDS = 60.0
 
 
 def _replace_after(now: datetime, reissued: int) -> datetime:
@@ -74,7 +82,7 @@ def dispatch_request_open(*, token: str) -> bool:
             return False  # another process recorded one just now
         return True
     waiting = current["requested_at"] is not None
-    if waiting and current["replace_after"] > now:
+    if waiting and not _replaceable(current, now=now):
         return False
     reissued = current["reissued"] + 1 if waiting else 0
     # Only if nobody changed it since it was read: of two processes, one records its request.
@@ -83,6 +91,14 @@ def dispatch_request_open(*, token: str) -> bool:
             pk=DispatchRequest.SINGLETON_PK, token=current["token"], requested_at=current["requested_at"]
         ).update(token=token, requested_at=now, replace_after=_replace_after(now, reissued), reissued=reissued)
     )
+
+
+def _replaceable(request: dict[str, Any], *, now: datetime) -> bool:
+    """A waiting request may give way to a new one: lost, or not started in time while some
+    worker process is idle."""
+    if now - request["requested_at"] >= timedelta(seconds=REQUEST_LOST_SECONDS):
+        return True
+    return request["replace_after"] <= now and workers_idle()
 
 
 def dispatch_request_started(*, token: str) -> bool:

@@ -44,15 +44,18 @@ def worker_process_identity() -> tuple[str, int, str]:
     return socket.gethostname()[:255], os.getpid(), str(Conf.CLUSTER_NAME)[:100]
 
 
-def worker_process_record(*, action: str, started: bool = False) -> bool:
-    """Record that this worker process ran ``action`` now (``started``: the process has just
-    started). Best effort: a database that does not answer (or a table not migrated yet) is
-    logged and never stops the task. True when recorded."""
+def worker_process_record(*, action: str, busy: bool = False, started: bool = False) -> bool:
+    """Record that this worker process ran ``action`` now and whether it is ``busy`` (running a
+    task) from now on (``started``: the process has just started). Best effort: a database
+    that does not answer (or a table not migrated yet) is logged and never stops the task.
+    True when recorded."""
     host, pid, cluster = worker_process_identity()
     action = action[:ACTION_LENGTH]
     try:
         now = database_now()
-        changes = {"last_seen_at": now, "last_action": action, **({"started_at": now} if started else {})}
+        changes: dict[str, object] = {"last_seen_at": now, "last_action": action, "busy": busy}
+        if started:
+            changes["started_at"] = now
         mine = WorkerProcess.objects.filter(host=host, pid=pid, cluster=cluster)
         if mine.update(**changes):
             return True
@@ -72,6 +75,13 @@ def worker_process_record(*, action: str, started: bool = False) -> bool:
 def worker_process_spawned(**kwargs: object) -> None:
     """django-q2's ``post_spawn`` receiver: a task process of a cluster has started."""
     worker_process_record(action="started, waiting for tasks", started=True)
+
+
+def workers_idle() -> bool:
+    """Whether some worker process is idle (not running a task), as the processes last
+    reported. A process that ended while idle still counts until it is forgotten: this only
+    ever makes the trigger ask once more (notifications.trigger)."""
+    return WorkerProcess.objects.filter(busy=False).exists()
 
 
 @dataclass(frozen=True)

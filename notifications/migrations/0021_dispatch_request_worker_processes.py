@@ -61,6 +61,7 @@ class Migration(migrations.Migration):
                 ('started_at', models.DateTimeField()),
                 ('last_seen_at', models.DateTimeField()),
                 ('last_action', models.CharField(blank=True, max_length=300)),
+                ('busy', models.BooleanField(default=False)),
             ],
             options={
                 'verbose_name': 'worker process',

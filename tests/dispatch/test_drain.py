@@ -16,6 +16,7 @@ from django_q.models import OrmQ
 from notifications import tasks, trigger
 from notifications.clock import database_now
 from notifications.models import DeliveryAttempt, DispatchRequest, Notification, WorkerProcess
+from notifications.workers import worker_process_record
 from tests.dispatch.conftest import configure_smtp, queue, run_pass
 from tests.dispatch.test_worker import make_operators, queued_dispatch_requests, queued_dispatch_tasks
 from tests.support.processes import manage, poll, stop
@@ -53,15 +54,21 @@ def test_a_request_is_recorded_before_its_task_is_queued_and_names_it(db):
     assert len(queued_dispatch_tasks()) == 1
 
 
-def test_a_request_whose_task_never_starts_is_replaced_and_the_next_one_waits_twice_as_long(db):
-    """A lost task (or one held by a busy cluster) must not block the trigger for ever, nor may
-    replacing it become a storm."""
+def idle_worker_process() -> None:
+    """A worker process of some cluster that has started and runs no task."""
+    worker_process_record(action="started, waiting for tasks", started=True)
+
+
+def test_a_request_whose_task_does_not_start_while_a_worker_is_idle_is_replaced_ever_later(db):
+    """A task held by a cluster whose task processes are all busy must not keep idle ones out,
+    nor may replacing it become a storm."""
+    idle_worker_process()
     assert trigger.dispatch_enqueue() is True
     first = waiting_request()
     assert request_start_seconds(first) == trigger.REQUEST_START_SECONDS
-    age_request(trigger.REQUEST_START_SECONDS - 0.5)
+    age_request(trigger.REQUEST_START_SECONDS - 0.2)
     assert trigger.dispatch_enqueue() is False  # not yet overdue
-    age_request(1)
+    age_request(0.3)
     assert trigger.dispatch_enqueue() is True
     second = waiting_request()
     assert second.token != first.token and second.reissued == 1
@@ -69,14 +76,24 @@ def test_a_request_whose_task_never_starts_is_replaced_and_the_next_one_waits_tw
     for _ in range(10):
         age_request(trigger.REQUEST_START_MAX_SECONDS)
         assert trigger.dispatch_enqueue() is True
-    last = waiting_request()
-    assert request_start_seconds(last) == trigger.REQUEST_START_MAX_SECONDS
+    assert request_start_seconds(waiting_request()) == trigger.REQUEST_START_MAX_SECONDS
     assert len(queued_dispatch_tasks()) == 12
 
 
-def test_a_late_task_of_a_replaced_request_leaves_the_newer_request_waiting(db):
+def test_while_every_worker_process_is_busy_a_waiting_request_stays_until_taken_for_lost(db):
+    worker_process_record(action="dispatch: started", busy=True)
     assert trigger.dispatch_enqueue() is True
-    age_request(trigger.REQUEST_START_SECONDS + 1)
+    age_request(trigger.REQUEST_LOST_SECONDS - 1)
+    assert trigger.dispatch_enqueue() is False  # nobody could take a second one either
+    age_request(1)
+    assert trigger.dispatch_enqueue() is True  # lost (a Redis restart, a killed worker)
+    assert len(queued_dispatch_tasks()) == 2
+
+
+def test_a_late_task_of_a_replaced_request_leaves_the_newer_request_waiting(db):
+    idle_worker_process()
+    assert trigger.dispatch_enqueue() is True
+    age_request(trigger.REQUEST_START_SECONDS)
     assert trigger.dispatch_enqueue() is True
     old, new = queued_dispatch_requests()
     tasks.dispatch_task(request=old)

@@ -87,7 +87,7 @@ def test_a_dispatch_task_that_redis_lost_is_asked_for_again(db, redis_conf):
     broker = redis_conf
     assert trigger.dispatch_enqueue() is True
     broker.connection.delete(broker.list_key)  # Redis restarted without persistence
-    age_request(trigger.REQUEST_START_SECONDS)
+    age_request(trigger.REQUEST_LOST_SECONDS)
     assert trigger.dispatch_enqueue() is True
     assert broker.queue_size() == 1
 

@@ -103,3 +103,17 @@ def test_a_process_that_records_again_keeps_one_row(db):
     for action in ("started, waiting for tasks", "dispatch: started", "dispatch: claimed 0"):
         worker_process_record(action=action)
     assert WorkerProcess.objects.get().last_action == "dispatch: claimed 0"
+
+
+def test_a_task_marks_its_process_busy_until_it_ends(db, smtp_config, monkeypatch):
+    seen: list[bool] = []
+
+    def run() -> str:  # the task's work, replaced to look at the process's row while it runs
+        seen.append(WorkerProcess.objects.get().busy)
+        return "done"
+
+    monkeypatch.setattr(tasks, "_dispatch_run", run)
+    tasks.dispatch_task()
+    assert seen == [True]
+    row = WorkerProcess.objects.get()
+    assert row.busy is False and row.last_action == "dispatch sweep: done"
