@@ -171,8 +171,7 @@ def qclusters_drain(url: str, *, clusters: int, q_workers: int, concurrency: int
     env = {"OUTBOX_Q_WORKERS": str(q_workers), "OUTBOX_CONCURRENCY": str(concurrency)}
     logs = [(RESULTS / f"scaleout-qcluster-{clusters}-{n}.log").open("w") for n in range(clusters)]
     processes = [
-        manage("qcluster", database=url, stdout=subprocess.DEVNULL, stderr=log, LOG_LEVEL="INFO", **env)
-        for log in logs
+        manage("qcluster", database=url, stdout=subprocess.DEVNULL, stderr=log, LOG_LEVEL="INFO", **env) for log in logs
     ]
     try:
         poll(
