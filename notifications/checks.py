@@ -56,7 +56,11 @@ def check_schedules_present(app_configs: Sequence[AppConfig] | None = None, **kw
 def check_workers_running(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """System check outbox.W004 (database tag): a worker process has run within the last
     WORKER_SILENT_SECONDS (the sweep runs a task every minute while any worker runs). Without
-    one nothing is delivered. Returns the warning."""
+    one nothing is delivered. Run only when databases are checked (``check --database``,
+    ``migrate``): other commands — ``qcluster`` itself at its start — are not told that no
+    worker runs. Returns the warning."""
+    if not kwargs.get("databases"):
+        return []
     try:
         silence = workers_silence()
     except DatabaseError:
