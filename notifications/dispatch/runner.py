@@ -11,6 +11,8 @@ each call, and one function that records every result (notifications.dispatch.fi
   connections (SMTP, HTTP) across its deliveries.
 * The next batch is claimed while the threads still have about one delivery each to do, so
   they never wait for a claim or for the slowest deliveries of a batch.
+* A claim that takes all it asked for calls the pass's ``backlog`` hook (a django-q2 task asks
+  for another dispatch task there), so that idle workers join a backlog at once.
 * No delivery starts after the pass's time budget, after a stop request, close to the end of
   its batch's lease (another worker may then claim the row), or on a channel that has just
   failed often enough to open its breaker; those rows are released, due again, uncharged. No

@@ -187,7 +187,7 @@ def backlog_drained_by_two_clusters(smtp_server, *, count: int, **broker: str) -
     ids = [str(row.pk) for row in queue(count)]
     cluster = broker.pop("OUTBOX_Q_CLUSTER_NAME", "outbox")
     env = {"OUTBOX_Q_WORKERS": "2", "OUTBOX_CONCURRENCY": "4", "OUTBOX_Q_CLUSTER_NAME": cluster, **broker}
-    clusters = [manage("qcluster", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **env) for _ in range(2)]
+    clusters = [manage("qcluster", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **env) for _ in range(2)]
     try:
         poll(
             lambda: WorkerProcess.objects.filter(cluster=cluster).count() == 4,
