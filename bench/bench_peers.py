@@ -160,19 +160,23 @@ def post_office_round(python: Path, project: Path, url: str, count: int, process
     def run(*args: str) -> None:
         subprocess.run([str(python), "manage.py", *args], cwd=project, env=env, check=True, stdout=subprocess.DEVNULL)
 
-    run("migrate", "-v0")
-    ids = [str(uuid.uuid4()) for _ in range(count)]
-    (project / "ids.txt").write_text("\n".join(ids))
-    subprocess.run(
-        [str(python), "-c", "import django; django.setup(); exec(open('queue_mails.py').read())", "ids.txt"],
-        cwd=project,
-        env=dict(env, DJANGO_SETTINGS_MODULE="peerproject.settings"),
-        check=True,
-    )
-    lockfile = project / "send_queued_mail"
-    started = time.perf_counter()
-    run("send_queued_mail", "--processes", str(processes), "--lockfile", str(lockfile))
-    seconds = time.perf_counter() - started
+    try:
+        run("migrate", "-v0")
+        ids = [str(uuid.uuid4()) for _ in range(count)]
+        (project / "ids.txt").write_text("\n".join(ids))
+        subprocess.run(
+            [str(python), "-c", "import django; django.setup(); exec(open('queue_mails.py').read())", "ids.txt"],
+            cwd=project,
+            env=dict(env, DJANGO_SETTINGS_MODULE="peerproject.settings"),
+            check=True,
+        )
+        lockfile = project / "send_queued_mail"
+        started = time.perf_counter()
+        run("send_queued_mail", "--processes", str(processes), "--lockfile", str(lockfile))
+        seconds = time.perf_counter() - started
+    except BaseException:
+        sink.stop()  # no sink process left behind
+        raise
     received = Counter(sink.stop())
     with psycopg.connect(url) as conn:
         statuses: dict[int, int] = dict(

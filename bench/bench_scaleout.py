@@ -189,6 +189,9 @@ def qclusters_drain(url: str, *, clusters: int, q_workers: int, concurrency: int
             interval=0.25,
         )
         wall = time.perf_counter() - started
+    except BaseException:
+        sink.stop()  # no sink process left behind
+        raise
     finally:
         for process in processes:
             stop(process, timeout=90)
