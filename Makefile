@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-purge bench-console bench-agent bench-webhooks bench-login-flood chaos chaos-short check clean screenshots \
+.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-peers bench-purge bench-console bench-agent bench-webhooks bench-login-flood chaos chaos-short check clean screenshots \
         agent-dist test-agent-pythons
 
 help:
@@ -91,9 +91,15 @@ bench-ingest: $(STAMP)
 bench-dispatch: $(STAMP)
 	$(PY) bench/bench_dispatch.py
 
-# 1, 2 and 4 dispatcher processes against a sink that takes 50 ms per message (a relay's pace).
+# 1, 2 and 4 dispatcher processes against a sink that takes 50 ms per message (a relay's pace),
+# then a 20,000-row backlog drained by 1 and by 2 qcluster processes (every task process delivers).
 bench-scaleout: $(STAMP)
 	$(PY) bench/bench_scaleout.py
+
+# django-post_office and Outbox, 2 processes each, deliver the same 10,000 mails to the same sink
+# (post_office is installed for this benchmark only, into bench-results/.peers-venv).
+bench-peers: $(STAMP)
+	$(PY) bench/bench_peers.py
 
 # The retention purge of 1,000,000 old rows while sites post at 200/s over HTTP.
 bench-purge: $(STAMP)
@@ -117,6 +123,7 @@ bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
 	-$(MAKE) --no-print-directory bench-dispatch
 	-$(MAKE) --no-print-directory bench-scaleout
+	-$(MAKE) --no-print-directory bench-peers
 	-$(MAKE) --no-print-directory bench-purge
 	-$(MAKE) --no-print-directory bench-agent
 	-$(MAKE) --no-print-directory bench-console

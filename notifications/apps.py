@@ -9,6 +9,8 @@ class NotificationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django_q.signals import post_spawn  # defines django-q2's models: importable once apps load
+
         from notifications.checks import (
             check_attachment_limit,
             check_channels,
@@ -16,20 +18,25 @@ class NotificationsConfig(AppConfig):
             check_plaintext_auth,
             check_schedules_present,
             check_secrets_decryptable,
+            check_workers_running,
         )
         from notifications.metrics_files import metrics_files_compact_at_start
         from notifications.models import SmtpConfiguration
         from notifications.operations import smtp_configuration_changed
         from notifications.schedules import schedules_after_migrate
+        from notifications.workers import worker_process_spawned
 
         checks.register(check_secrets_decryptable, checks.Tags.database)
         checks.register(check_schedules_present, checks.Tags.database)
         checks.register(check_plaintext_auth, checks.Tags.database)
         checks.register(check_attachment_limit)
         checks.register(check_channels, checks.Tags.database)
+        checks.register(check_workers_running, checks.Tags.database)
         checks.register(check_deploy_settings, checks.Tags.security, deploy=True)
         # After every migrate: the worker's schedules exist without a deployment step.
         post_migrate.connect(schedules_after_migrate, sender=self, dispatch_uid="outbox-schedules")
+        # Each django-q2 task process records itself as it starts (the worker heartbeat).
+        post_spawn.connect(worker_process_spawned, dispatch_uid="outbox-worker-spawned")
         # A changed SMTP configuration (a fixed password, another relay) is probed at once.
         post_save.connect(smtp_configuration_changed, sender=SmtpConfiguration, dispatch_uid="outbox-smtp-changed")
         # Every process start: the metrics files of processes of this host that ended since join

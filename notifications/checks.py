@@ -20,6 +20,7 @@ from notifications.models import (
 )
 from notifications.schedules import schedules_missing
 from notifications.secrets import SecretDecryptionError
+from notifications.workers import WORKER_SILENT_SECONDS, workers_silence
 
 
 def check_secrets_decryptable(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
@@ -48,6 +49,32 @@ def check_schedules_present(app_configs: Sequence[AppConfig] | None = None, **kw
             f"The worker's schedules are missing: {', '.join(missing)}.",
             hint="Run `python manage.py migrate` (it creates them) or `python manage.py setup_schedules`.",
             id="outbox.W001",
+        )
+    ]
+
+
+def check_workers_running(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """System check outbox.W004 (database tag): a worker process has run within the last
+    WORKER_SILENT_SECONDS (the sweep runs a task every minute while any worker runs). Without
+    one nothing is delivered. Run only when databases are checked (``check --database``,
+    ``migrate``): other commands — ``qcluster`` itself at its start — are not told that no
+    worker runs. Returns the warning."""
+    if not kwargs.get("databases"):
+        return []
+    try:
+        silence = workers_silence()
+    except DatabaseError:
+        return []  # no database or table yet (before migrate)
+    if silence is None:
+        return []
+    return [
+        Warning(
+            str(silence),
+            hint=(
+                f"Start the workers (`python manage.py qcluster`, the outbox-worker service) and check their logs; "
+                f"this warning clears once one has run a task in the last {WORKER_SILENT_SECONDS // 60} minutes."
+            ),
+            id="outbox.W004",
         )
     ]
 

@@ -17,7 +17,8 @@ Two kinds of figures, with their names fixed (dashboards and alert rules use the
   ``outbox_site_backlog{site}``, ``outbox_channel_open{channel}``. They come from the same
   index-only queries as the console's KPIs (notifications.kpis), cached for
   OUTBOX_METRICS_CACHE_SECONDS per process, so a scrape costs at most one KPI pass and a
-  burst of scrapes one in all.
+  burst of scrapes one in all. With them, ``outbox_worker_last_seen_seconds``: seconds since
+  any worker process last ran (notifications.workers).
 
 This module is imported by web processes (the view) and by the dispatcher; it imports
 nothing of the worker.
@@ -42,6 +43,7 @@ from prometheus_client.registry import Collector
 from notifications.kpis import kpis_compute
 from notifications.metrics_files import MetricsFilesCollector
 from notifications.vocabulary import ADAPTER_PATHS
+from notifications.workers import workers_last_seen_seconds
 from sites.services import sites_kpis
 
 # prometheus-client picks its mode once, when it is first imported: with PROMETHEUS_MULTIPROC_DIR
@@ -140,6 +142,7 @@ def kpi_figures() -> dict[str, Any]:
             if figures["site_backlog"] is not None
         },
         "channel_open": {name: int(name in open_channels) for name in sorted(ADAPTER_PATHS)},
+        "worker_last_seen_seconds": workers_last_seen_seconds(),
     }
 
 
@@ -188,6 +191,16 @@ class KpiCollector(Collector):
         for channel, value in figures["channel_open"].items():
             channel_open.add_metric([channel], value)
         yield channel_open
+        # One series, without a host label, on purpose: the workers are one pool fed by one
+        # queue and a task goes to whichever worker takes it first, so a healthy host may stay
+        # idle for many minutes while another runs the sweep. Per host, "not seen lately" would
+        # not tell an idle host from a dead one, and a host taken out of service would alert
+        # for ever. What must never happen is that no worker runs at all.
+        yield GaugeMetricFamily(
+            "outbox_worker_last_seen_seconds",
+            "Seconds since the most recent activity of any worker process (+Inf: none has ever run).",
+            value=figures["worker_last_seen_seconds"],
+        )
 
 
 def metrics_registry() -> CollectorRegistry:

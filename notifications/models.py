@@ -550,6 +550,57 @@ class DispatchTimer(models.Model):
         return f"{self.holder or 'nobody'} until {self.until}"
 
 
+class DispatchRequest(models.Model):
+    """The trigger's own state: a dispatch task has been asked for and has not started yet
+    (notifications.trigger). One row, set by a conditional update before the task is queued
+    and cleared by the task when it starts, so that requests coalesce into one waiting task
+    without reading the task broker's storage.
+
+    ``token`` names the request (the task carries it); ``requested_at`` is when it was made
+    (the database clock), ``replace_after`` when a new request may take its place if its task
+    has not started by then, and ``reissued`` how many times in a row a request was made
+    again because no task of the one before had started in time."""
+
+    SINGLETON_PK = 1
+
+    token = models.CharField(max_length=32, blank=True)
+    requested_at = models.DateTimeField(null=True, blank=True)
+    replace_after = models.DateTimeField(null=True, blank=True)
+    reissued = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="dispatch_request_singleton")]
+
+    def __str__(self) -> str:
+        return f"requested at {self.requested_at}" if self.requested_at else "no request waiting"
+
+
+class WorkerProcess(models.Model):
+    """One worker process (a django-q2 task process) as it last reported itself: when it
+    started, when it last ran something and what, and whether it is running a task now
+    (notifications.workers). Written by the workers only; a row of a process not seen for a
+    day is removed when a new process starts."""
+
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    cluster = models.CharField(max_length=100)
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    last_action = models.CharField(max_length=300, blank=True)
+    busy = models.BooleanField(default=False)  # running a task (from its start to its end)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["host", "pid", "cluster"], name="worker_process_unique"),
+        ]
+        indexes = [models.Index(fields=["last_seen_at"], name="worker_process_seen_idx")]
+        verbose_name = "worker process"
+        verbose_name_plural = "worker processes"
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid} ({self.cluster})"
+
+
 # --- channels beyond email (docs/channels.md) ----------------------------------------------
 
 

@@ -1,28 +1,50 @@
-"""The coalesced dispatch trigger: what ingest calls once notifications are committed.
+"""The coalesced dispatch trigger: what ingest calls once notifications are committed, and how a
+dispatch pass that finds a backlog asks other workers to join it.
 
 Web processes import this module and nothing of the worker: it only queues django-q2 tasks
 by their dotted path. ``dispatch_request()`` must cost the request nothing and must not queue
 one broker task per notification: it only sets a flag for a background thread of this
-process, which, at most once per ``TRIGGER_DEBOUNCE`` seconds, queues a dispatch task —
-unless one is already waiting in the broker, since a waiting task will see every row
-committed before it starts. So a burst of 1,000 notifications queues a handful of tasks,
-however many web processes share the load.
+process, which, at most once per ``TRIGGER_DEBOUNCE`` seconds, calls :func:`dispatch_enqueue`.
+
+**The request state.** :func:`dispatch_enqueue` queues a dispatch task only when no task it
+asked for is waiting. That state is our own: one row (``DispatchRequest``) that a conditional
+update sets before the task is queued (the task carries the request's token) and that the task
+clears when it starts (:func:`dispatch_request_started`). A waiting task sees every row
+committed before it starts, so a burst of 1,000 notifications, or many passes finding a
+backlog at once, queue one task, however many processes ask.
+
+A request whose task has not started within ``REQUEST_START_SECONDS`` may be replaced by a new
+one while some worker process is idle (as the worker heartbeat says: notifications.workers),
+and each replacement in a row waits twice as long (up to ``REQUEST_START_MAX_SECONDS``)
+before it may be replaced in turn. A task starts within a fraction of a second when a worker
+is free; one that does not was taken by a django-q2 cluster whose task processes are all busy
+— each cluster's "pusher" takes tasks from the broker ahead of its workers — while another
+cluster's processes may be idle, or it was lost (a Redis restart, a worker killed as it took
+it). Replacing it lets the idle ones join. While every worker process is busy a request is
+not replaced (nobody could take the new one either) until ``REQUEST_LOST_SECONDS``, the bound
+for a lost task; so the tasks asked for while every worker is busy stay a handful, never a
+storm, and each later finds the backlog (or nothing) and ends.
+
+The row lives in the database whichever broker carries the tasks: a dispatch task can do
+nothing without the database, so its request state there adds no dependency, and there is one
+way of keeping it for both brokers.
 """
 
 import logging
 import os
 import threading
 import time
+import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
-from django.utils import timezone
-from django_q.brokers import get_broker
-from django_q.conf import Conf
-from django_q.models import OrmQ
-from django_q.signing import SignedPackage
+from django.db import IntegrityError, close_old_connections, connection, transaction
 from django_q.tasks import async_task
+
+from notifications.clock import database_now
+from notifications.models import DispatchRequest
+from notifications.workers import workers_idle
 
 logger = logging.getLogger(__name__)
 
@@ -30,50 +52,75 @@ logger = logging.getLogger(__name__)
 DISPATCH_TASK = "notifications.tasks.dispatch_task"
 TRIGGER_DEBOUNCE = 0.05  # seconds between two enqueue checks of one process
 TRIGGER_IDLE_CLOSE = 2.0  # the trigger thread closes its database connection when idle this long
+# A requested task normally starts within a poll of the broker (0.2 s); one that has not
+# started after this may be replaced while a worker process is idle, after twice as long the
+# next time, and so on up to the maximum.
+REQUEST_START_SECONDS = 0.5
+REQUEST_START_MAX_SECONDS = 8.0
+# Whatever the workers say, a request not started after this is taken for lost.
+REQUEST_LOST_SECONDS = 60.0
 
 
-def dispatch_waiting() -> bool:
-    """True if a dispatch task is queued and not yet picked up by a worker.
+def _replace_after(now: datetime, reissued: int) -> datetime:
+    seconds = min(REQUEST_START_SECONDS * 2**reissued, REQUEST_START_MAX_SECONDS)
+    return now + timedelta(seconds=seconds)
 
-    django-q2's ORM broker marks a task taken by moving its ``lock`` into the future; a task
-    whose lock is in the past is waiting. The Redis broker's list holds only waiting tasks
-    (a worker pops the one it takes). Only waiting tasks (a handful) are decoded.
-    """
-    for payload in _waiting_payloads(limit=20):
+
+def dispatch_request_open(*, token: str) -> bool:
+    """Record a dispatch request named ``token`` unless one is waiting that may not be replaced
+    yet; True when this one was recorded (its task is then to be queued by the caller)."""
+    now = database_now()
+    fields = ("token", "requested_at", "replace_after", "reissued")
+    current = DispatchRequest.objects.filter(pk=DispatchRequest.SINGLETON_PK).values(*fields).first()
+    if current is None:
         try:
-            if SignedPackage.loads(payload).get("func") == DISPATCH_TASK:
-                return True
-        except Exception:  # noqa: BLE001 - a foreign or corrupt package (BadSignature, unpickling errors) is not ours
-            continue
-    return False
+            with transaction.atomic():
+                DispatchRequest.objects.create(
+                    pk=DispatchRequest.SINGLETON_PK, token=token, requested_at=now, replace_after=_replace_after(now, 0)
+                )
+        except IntegrityError:
+            return False  # another process recorded one just now
+        return True
+    waiting = current["requested_at"] is not None
+    if waiting and not _replaceable(current, now=now):
+        return False
+    reissued = current["reissued"] + 1 if waiting else 0
+    # Only if nobody changed it since it was read: of two processes, one records its request.
+    return bool(
+        DispatchRequest.objects.filter(
+            pk=DispatchRequest.SINGLETON_PK, token=current["token"], requested_at=current["requested_at"]
+        ).update(token=token, requested_at=now, replace_after=_replace_after(now, reissued), reissued=reissued)
+    )
 
 
-def _waiting_payloads(*, limit: int) -> list[Any]:
-    """The first ``limit`` tasks waiting in the broker, as stored (signed packages)."""
-    if Conf.ORM:
-        waiting = OrmQ.objects.using(Conf.ORM).filter(key=Conf.CLUSTER_NAME, lock__lte=timezone.now())
-        return list(waiting.values_list("payload", flat=True)[:limit])
-    broker = _redis_broker()
-    return list(broker.connection.lrange(broker.list_key, 0, limit - 1))
+def _replaceable(request: dict[str, Any], *, now: datetime) -> bool:
+    """A waiting request may give way to a new one: lost, or not started in time while some
+    worker process is idle."""
+    if now - request["requested_at"] >= timedelta(seconds=REQUEST_LOST_SECONDS):
+        return True
+    return request["replace_after"] <= now and workers_idle()
 
 
-_brokers: dict[int, Any] = {}
-
-
-def _redis_broker() -> Any:
-    """This process's Redis broker (one connection pool per process: never shared across a fork)."""
-    pid = os.getpid()
-    if pid not in _brokers:
-        _brokers.clear()
-        _brokers[pid] = get_broker()
-    return _brokers[pid]
+def dispatch_request_started(*, token: str) -> bool:
+    """A task of the request ``token`` starts: clear the request (unless a newer one replaced
+    it). True if it was the waiting one."""
+    return bool(
+        DispatchRequest.objects.filter(pk=DispatchRequest.SINGLETON_PK, token=token).update(
+            token="", requested_at=None, replace_after=None, reissued=0
+        )
+    )
 
 
 def dispatch_enqueue() -> bool:
-    """Queue a dispatch task unless one is already waiting; True if one was queued."""
-    if dispatch_waiting():
+    """Queue a dispatch task unless one asked for is waiting; True if one was queued."""
+    token = uuid.uuid4().hex
+    if not dispatch_request_open(token=token):
         return False
-    async_task(DISPATCH_TASK, task_name="dispatch")
+    try:
+        async_task(DISPATCH_TASK, request=token, task_name="dispatch")
+    except BaseException:
+        dispatch_request_started(token=token)  # nothing was queued: the next request may try
+        raise
     return True
 
 

@@ -432,6 +432,12 @@ Q_CLUSTER: dict[str, Any] = {
     "max_attempts": 1,
     "catch_up": False,
     "poll": 0.2,
+    # Each cluster's "pusher" takes tasks from the broker ahead of its task processes, up to
+    # this many in its own queue plus one in hand: a cluster whose processes are all busy
+    # holds at most two, and every further task goes to a cluster that has an idle process
+    # (the default, workers², let a busy cluster take a backlog's "join me" tasks away from
+    # an idle one for as long as its passes ran: notifications/trigger.py).
+    "queue_limit": 1,
     "ack_failures": True,
     "save_limit": 200,
     "label": "Worker tasks",

@@ -11,6 +11,8 @@ each call, and one function that records every result (notifications.dispatch.fi
   connections (SMTP, HTTP) across its deliveries.
 * The next batch is claimed while the threads still have about one delivery each to do, so
   they never wait for a claim or for the slowest deliveries of a batch.
+* A claim that takes all it asked for calls the pass's ``backlog`` hook (a django-q2 task asks
+  for another dispatch task there), so that idle workers join a backlog at once.
 * No delivery starts after the pass's time budget, after a stop request, close to the end of
   its batch's lease (another worker may then claim the row), or on a channel that has just
   failed often enough to open its breaker; those rows are released, due again, uncharged. No
@@ -263,6 +265,7 @@ class _Pass:
         concurrency: int,
         report: PassReport,
         progress: Callable[[PassReport], None] | None,
+        backlog: Callable[[], object] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.stop = stop
@@ -271,6 +274,7 @@ class _Pass:
         self.concurrency = concurrency
         self.report = report
         self.progress = progress
+        self.backlog = backlog
         self.channels = dispatch_channels()
         self.contexts: dict[str, _TypeContext] = {}
         # Shared by the pass's batches: per type, channel failures in a row as deliveries complete.
@@ -312,11 +316,24 @@ class _Pass:
         claim = notifications_claim_due(worker_id=self.worker_id, limit=limit, now=clock.now(), channels=self.channels)
         if len(claim.rows) < limit:
             self.drained = True  # the next trigger, wake-up or sweep takes what comes later
+        else:
+            self._backlog_found()
         if not claim.rows:
             return
         self.report.batches += 1
         self.report.claimed += len(claim.rows)
         self._start(claim, clock, pool)
+
+    def _backlog_found(self) -> None:
+        """A claim took all it asked for: more may be due than this pass can take. Others are
+        asked to join now, not when this pass ends (a backlog is drained by every worker)."""
+        if self.backlog is None:
+            return
+        try:
+            self.backlog()
+        except Exception:
+            # Asking for help must never stop the deliveries: the pass goes on alone.
+            logger.exception("could not ask other workers to join a backlog")
 
     def _start(self, claim: Claim, clock: DatabaseClock, pool: ThreadPoolExecutor) -> None:
         """Resolve, record the attempts, finish the rows that cannot be delivered, and hand the
@@ -477,10 +494,15 @@ def dispatch_pass(
     batch_size: int | None = None,
     concurrency: int | None = None,
     progress: Callable[[PassReport], None] | None = None,
+    backlog: Callable[[], object] | None = None,
 ) -> PassReport:
     """Expire rows past their channel's maximum age, then claim and deliver batches until
     nothing is due (or claimable), ``time_budget`` seconds have passed, or ``stop`` is set.
     Returns a :class:`PassReport`.
+
+    ``backlog``, if given, is called after every claim that took as many rows as it asked for
+    (more may be due than this pass can take): a django-q2 task asks for another dispatch task
+    there, so that idle workers join at once. Its failures are logged, never raised.
 
     No delivery starts after the budget (or after a batch's lease is close to expiry, or after
     its channel opened); deliveries already started finish, and rows not started are released
@@ -497,6 +519,7 @@ def dispatch_pass(
         concurrency=concurrency,
         report=report,
         progress=progress,
+        backlog=backlog,
     )
     report.expired = notifications_expire(channels=run.channels)
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver")

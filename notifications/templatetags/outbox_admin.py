@@ -11,6 +11,7 @@ from django.utils.dateparse import parse_datetime
 
 from notifications.console_time import console_time
 from notifications.kpis import kpis_compute
+from notifications.workers import WorkerSilence, workers_silence
 
 register = template.Library()
 
@@ -22,6 +23,16 @@ def outbox_dashboard_kpis(context: template.Context) -> dict[str, Any] | None:
     if request is None or not request.user.has_perm("notifications.view_notification"):
         return None
     return kpis_compute()
+
+
+@register.simple_tag(takes_context=True)
+def outbox_worker_silence(context: template.Context) -> WorkerSilence | None:
+    """For users who may view notifications: a :class:`WorkerSilence` when no worker process
+    has run for two minutes (nothing is being delivered), else None."""
+    request = context.get("request")
+    if request is None or not request.user.has_perm("notifications.view_notification"):
+        return None
+    return workers_silence()
 
 
 @register.filter

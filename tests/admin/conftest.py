@@ -29,6 +29,9 @@ def ensure_roles():
         importlib.import_module("notifications.migrations.0007_delivery_resilience").grant_roles(apps, editor)
         importlib.import_module("notifications.migrations.0009_channel_targets").grant_roles(apps, editor)
         importlib.import_module("notifications.migrations.0011_console_admin").grant_list_view(apps, editor)
+        importlib.import_module("notifications.migrations.0021_dispatch_request_worker_processes").grant_roles(
+            apps, editor
+        )
         site_roles = importlib.import_module("sites.migrations.0003_site_operator_permissions")
         site_roles.grant(apps, editor)
 

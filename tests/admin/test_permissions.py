@@ -38,6 +38,8 @@ def test_migration_creates_operators_who_view_and_act_on_notifications_and_view_
         # Notification lists and their recipients, read-only (who would receive a notification).
         "notifications.view_notificationlist",
         "notifications.view_emailrecipient",
+        # The worker processes and what each last did (the worker heartbeat), read-only.
+        "notifications.view_workerprocess",
     }
 
 

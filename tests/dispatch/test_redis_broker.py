@@ -10,13 +10,15 @@ import uuid
 
 import pytest
 import requests
+from django_q.brokers import get_broker
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
-from notifications import trigger
-from notifications.models import Notification
+from notifications import tasks, trigger
+from notifications.models import DispatchRequest, Notification
 from tests.dispatch.conftest import configure_smtp
+from tests.dispatch.test_drain import age_request, backlog_drained_by_two_clusters
 from tests.support.payloads import make_payload
 from tests.support.processes import Central, manage, poll, settings_refusal, stop
 
@@ -54,35 +56,40 @@ def cluster_name(redis_url):
 @pytest.fixture
 def redis_conf(redis_url, cluster_name, monkeypatch):
     """This process's django-q2 configuration switched to the Redis broker, as
-    Q_BROKER_URL would set it."""
+    Q_BROKER_URL would set it; yields that broker."""
     monkeypatch.setattr(Conf, "ORM", None)
     monkeypatch.setattr(Conf, "REDIS", redis_url)
     monkeypatch.setattr(Conf, "CLUSTER_NAME", cluster_name)
-    trigger._brokers.clear()
-    yield trigger._redis_broker()
-    trigger._brokers.clear()
+    broker = get_broker()
+    yield broker
+    broker.connection.close()
 
 
-def test_the_trigger_queues_one_dispatch_task_in_redis_while_none_is_picked_up(db, redis_conf):
+def test_the_trigger_queues_one_dispatch_task_in_redis_until_it_starts(db, smtp_config, redis_conf):
     broker = redis_conf
     assert broker.list_key == f"django_q:{Conf.CLUSTER_NAME}:q"
     assert trigger.dispatch_enqueue() is True
     assert trigger.dispatch_enqueue() is False  # one is waiting: coalesced
     assert broker.queue_size() == 1
     (payload,) = broker.connection.lrange(broker.list_key, 0, -1)
-    assert SignedPackage.loads(payload)["func"] == trigger.DISPATCH_TASK
+    task = SignedPackage.loads(payload)
+    assert task["func"] == trigger.DISPATCH_TASK
+    assert task["kwargs"]["request"] == DispatchRequest.objects.get().token
     assert not OrmQ.objects.exists()  # nothing went through the database broker
-    broker.connection.lpop(broker.list_key)  # a worker took it
+    broker.connection.lpop(broker.list_key)  # a worker takes it …
+    assert trigger.dispatch_enqueue() is False  # … and until it starts, it is the waiting one
+    tasks.dispatch_task(**task["kwargs"])
     assert trigger.dispatch_enqueue() is True
     assert broker.queue_size() == 1
 
 
-def test_a_foreign_task_in_redis_does_not_swallow_a_dispatch_request(db, redis_conf):
-    from django_q.tasks import async_task
-
-    redis_conf.connection.rpush(redis_conf.list_key, b"not a signed package")
-    async_task("notifications.tasks.purge_task")
+def test_a_dispatch_task_that_redis_lost_is_asked_for_again(db, redis_conf):
+    broker = redis_conf
     assert trigger.dispatch_enqueue() is True
+    broker.connection.delete(broker.list_key)  # Redis restarted without persistence
+    age_request(trigger.REQUEST_LOST_SECONDS)
+    assert trigger.dispatch_enqueue() is True
+    assert broker.queue_size() == 1
 
 
 @pytest.mark.parametrize("url", ["postgres://127.0.0.1/q", "http://127.0.0.1:6379", "127.0.0.1:6379"])
@@ -128,3 +135,14 @@ def test_a_real_worker_on_the_redis_broker_delivers_what_sites_send(
         stop(worker, timeout=30)
     assert smtp_server.count_by_notification_id() == {payload["notification_id"]: 1 for payload in sent}
     assert not OrmQ.objects.exists()  # the tasks went through Redis, not the database
+
+
+@pytest.mark.slow
+def test_every_task_process_of_two_qclusters_on_redis_delivers_part_of_a_backlog(
+    transactional_db, smtp_server, redis_url, cluster_name, redis_conf
+):
+    delivered, pids = backlog_drained_by_two_clusters(
+        smtp_server, count=800, Q_BROKER_URL=redis_url, OUTBOX_Q_CLUSTER_NAME=cluster_name
+    )
+    assert set(delivered) == pids, f"deliveries per process {dict(delivered)}, task processes {sorted(pids)}"
+    assert not OrmQ.objects.exists()  # the tasks went through Redis

@@ -61,6 +61,7 @@ def test_the_dashboard_shows_every_exported_metric(db):
         "outbox_oldest_pending_seconds",
         "outbox_site_backlog",
         "outbox_channel_open",
+        "outbox_worker_last_seen_seconds",
     ):
         assert gauge in families and gauge in used, f"no panel shows {gauge}"
 

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import requests
 
+from notifications import tasks
 from notifications.models import Notification
 from tests.dispatch.conftest import configure_smtp
 from tests.observability.test_monitoring_files import MONITORING, dashboard_expressions
@@ -56,7 +57,7 @@ def promtool(*arguments: str) -> subprocess.CompletedProcess[str]:
 def test_the_alert_rules_are_valid():
     result = promtool("check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 9 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout, result.stdout
 
 
 def test_the_alert_rules_pass_their_unit_tests():
@@ -197,6 +198,7 @@ def test_prometheus_scrapes_outbox_and_evaluates_the_dashboard_and_the_alerts(
         out, err = dispatcher.communicate(timeout=120)
         assert dispatcher.returncode == 0, err
         assert "delivered 12" in out and "parked 1" in out, out
+        tasks.dispatch_task()  # a worker ran the sweep (the worker heartbeat): nothing was left due
         waiting = [make_payload() for _ in range(3)]
         assert requests.post(
             f"{central.url}/api/v1/notifications/batch/", json={"notifications": waiting}, headers=auth, timeout=10
