@@ -283,8 +283,8 @@ def channel_shape_observe(
 ) -> ShapeVerdict:
     """Add what a finish's failed attempts say (``evidence``) to the answers ``channel``'s
     endpoint is watched for, under its health row's lock, and say which answer is now the
-    endpoint's failure. ``delivered``: the finish also delivered on the endpoint, so what was
-    watched before no longer holds.
+    endpoint's failure. ``delivered``: the finish also delivered on the endpoint, so nothing
+    of it is relay-wide: what was watched is forgotten and this evidence is not counted.
 
     When an answer meets the rule (:func:`~notifications.failure_shape.relay_wide`), the
     attempts of it charged to rows not in this finish are given back: they become channel
@@ -297,11 +297,10 @@ def channel_shape_observe(
     moment = now.timestamp()
     with transaction.atomic():
         health = _health_row_locked(channel=channel.name, endpoint=channel.endpoint)
-        tracker = ShapeTracker.load(health.shape)
-        if delivered:
-            tracker = ShapeTracker()  # something got through: nothing watched so far holds
+        # Something got through: nothing watched so far holds, nor does this finish's evidence.
+        tracker = ShapeTracker() if delivered else ShapeTracker.load(health.shape)
         tracker.forget_before(moment - SHAPE_WINDOW_SECONDS)
-        for item in evidence:
+        for item in [] if delivered else evidence:
             tracker.observe(item, now=moment)
         verdict = ShapeVerdict(signature=tracker.active)
         newly = tracker.newly_wide()
