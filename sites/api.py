@@ -51,6 +51,15 @@ class CountField(serializers.IntegerField):
         return int(super().to_internal_value(data))
 
 
+class FlagField(serializers.BooleanField):
+    """A JSON boolean (not a number or a string DRF would read as one)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class IdField(serializers.UUIDField):
     """A UUID given as a JSON string (DRF would also take an integer, or a boolean as one)."""
 
@@ -71,8 +80,8 @@ class ServerErrorsSerializer(serializers.Serializer):
 class FallbackSerializer(serializers.Serializer):
     """The agent's local fallback relay (sent only when one is configured)."""
 
-    configured = serializers.BooleanField(required=False, default=True)
-    active = serializers.BooleanField()
+    configured = FlagField(required=False, default=True)
+    active = FlagField()
     delivered = CountField(min_value=0, max_value=2**31 - 1, required=False, default=0)
     failing = CountField(min_value=0, max_value=2**31 - 1, required=False, default=0)
     last_error = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="", trim_whitespace=False)

@@ -114,4 +114,6 @@ def test_malformed_new_heartbeat_fields_are_refused_field_by_field(api, site):
     )
     assert response.status_code == 400
     assert set(response.json()["errors"]) == {"capabilities", "server_errors", "fallback"}
+    # A number is not a boolean (DRF alone would read 0 as false).
+    assert api.post(HEARTBEAT, heartbeat(fallback={"active": 0}), format="json").status_code == 400
     assert not SiteHeartbeat.objects.exists()
