@@ -123,6 +123,11 @@ class TargetSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=TargetOutcome.choices)
     provider_status = serializers.CharField(allow_null=True)
     provider_status_at = serializers.DateTimeField(required=False)
+    provider_error_code = serializers.CharField(
+        required=False,
+        help_text="SMS: Twilio's error code for this number, when it has one (from the status callback's "
+        "ErrorCode, e.g. 30003, or the refusal of the message, e.g. 21211).",
+    )
 
 
 class StatusRecordSerializer(serializers.Serializer):

@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 from django.core import checks
-from django.db.models.signals import post_migrate, post_save
+from django.db.models.signals import post_delete, post_migrate, post_save
 
 
 class NotificationsConfig(AppConfig):
@@ -21,8 +21,13 @@ class NotificationsConfig(AppConfig):
             check_workers_running,
         )
         from notifications.metrics_files import metrics_files_compact_at_start
-        from notifications.models import SmtpConfiguration
-        from notifications.operations import smtp_configuration_changed
+        from notifications.models import ChannelConfiguration, DeliveryPolicy, NotificationList, SmtpConfiguration
+        from notifications.operations import (
+            LIST_TARGET_CHANNELS,
+            channel_settings_changed,
+            list_targets_changed,
+            smtp_configuration_changed,
+        )
         from notifications.schedules import schedules_after_migrate
         from notifications.workers import worker_process_spawned
 
@@ -37,8 +42,14 @@ class NotificationsConfig(AppConfig):
         post_migrate.connect(schedules_after_migrate, sender=self, dispatch_uid="outbox-schedules")
         # Each django-q2 task process records itself as it starts (the worker heartbeat).
         post_spawn.connect(worker_process_spawned, dispatch_uid="outbox-worker-spawned")
-        # A changed SMTP configuration (a fixed password, another relay) is probed at once.
+        # A changed configuration (a fixed password, another relay, a policy, a list's targets)
+        # is probed at once and dispatched (notifications.operations.channel_configuration_changed).
         post_save.connect(smtp_configuration_changed, sender=SmtpConfiguration, dispatch_uid="outbox-smtp-changed")
+        for model in (ChannelConfiguration, DeliveryPolicy):
+            for signal in (post_save, post_delete):
+                signal.connect(channel_settings_changed, sender=model, dispatch_uid=f"outbox-{model.__name__}-changed")
+        for target in (NotificationList, *LIST_TARGET_CHANNELS):
+            post_save.connect(list_targets_changed, sender=target, dispatch_uid=f"outbox-{target.__name__}-changed")
         # Every process start: the metrics files of processes of this host that ended since join
         # the archive, so the directory holds the live processes' files and one archive.
         metrics_files_compact_at_start()

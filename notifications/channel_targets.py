@@ -145,6 +145,18 @@ def teams_type_data_validate(type_data: Any) -> dict[str, list[str]]:
     return {}
 
 
+def teams_type_data_stored(type_data: dict[str, Any]) -> dict[str, Any]:
+    """A Teams notification's ``type_data`` as it is stored: as sent, except that ``facts``
+    given as an object (title → value) becomes the equivalent list of ``{"title", "value"}``
+    in the order sent — PostgreSQL's jsonb keeps no order of an object's keys (it sorts them),
+    and the card shows the facts in the order the site gave them. The fingerprint is of what
+    was sent, so a replay of either form is judged as before."""
+    facts = type_data.get("facts")
+    if not isinstance(facts, dict):
+        return type_data
+    return {**type_data, "facts": [{"title": title, "value": value} for title, value in facts.items()]}
+
+
 def channel_configuration_problems(values: dict[str, Any]) -> dict[str, str]:
     """Problems of a channel's settings, by field: SMS needs its provider account."""
     problems: dict[str, str] = {}

@@ -25,7 +25,7 @@ from typing import Any, cast
 from django.db import transaction
 
 from notifications import db
-from notifications.channel_targets import teams_type_data_validate, text_site_masked
+from notifications.channel_targets import teams_type_data_stored, teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
 from notifications.models import Notification
@@ -49,6 +49,9 @@ TYPE_DATA_VALIDATORS: dict[str, Callable[[Mapping[str, Any]], dict[str, list[str
 TYPE_DATA_MEASURED: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "email": email_type_data_measured,
 }
+# Per type, how its type_data is stored when that differs from what was sent (Teams: facts in
+# the order sent, notifications.channel_targets.teams_type_data_stored).
+TYPE_DATA_STORED: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"teams": teams_type_data_stored}
 
 
 def column_max_length(name: str) -> int:
@@ -448,6 +451,8 @@ def _row_for(item: NotificationInput, *, site_id: str) -> dict[str, Any]:
     cost more than the insert). The ingest time is left to the insert (the database's clock)."""
     row = {name: getattr(item, name) for name in SUBMITTED_COLUMNS}
     row["source_site_id"] = site_id
+    if item.type in TYPE_DATA_STORED:
+        row["type_data"] = TYPE_DATA_STORED[item.type](item.type_data)
     return row
 
 

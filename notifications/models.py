@@ -520,6 +520,9 @@ class ChannelHealth(models.Model):
     probes = models.PositiveIntegerField(default=0)  # probes started since the channel opened
     rate_tokens = models.FloatField(default=0.0)
     rate_refilled_at = models.DateTimeField(null=True, blank=True)
+    # The answers the endpoint gave lately that may be its own failure rather than the rows'
+    # (notifications.failure_shape.ShapeTracker); {} while there are none.
+    shape = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

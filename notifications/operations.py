@@ -33,8 +33,17 @@ from django.db.models import Q
 from notifications.adapters.base import DeliveryError
 from notifications.adapters.email import email_connect_test, email_send_test
 from notifications.clock import database_now
-from notifications.health import channel_health_probe_soon
-from notifications.models import Notification, SmtpConfiguration
+from notifications.health import channel_health_prune, channel_health_reset
+from notifications.models import (
+    AppriseTarget,
+    ChannelConfiguration,
+    EmailRecipient,
+    Notification,
+    SmsTarget,
+    SmtpConfiguration,
+    TeamsTarget,
+    WebhookTarget,
+)
 from notifications.policies import delivery_policy_for
 from notifications.trigger import dispatch_request
 from notifications.vocabulary import CHANNEL_FAILURES
@@ -222,10 +231,48 @@ def notification_requeue(*, notification_ids: Iterable[Any], user: User) -> Acti
 # --- the SMTP configuration ------------------------------------------------------------------
 
 
+def channel_configuration_changed(*, channels: Iterable[str] | None = None, endpoints_moved: bool = False) -> None:
+    """A configuration delivery depends on was saved (the SMTP configuration, a channel's
+    configuration, a delivery policy, a list and its targets): the affected endpoints start
+    afresh and an open one is probed at once (notifications.health.channel_health_reset), the
+    health of endpoints no longer configured is dropped when the change may have moved one
+    (``endpoints_moved``), and a dispatch is asked for once the change is committed — so the
+    first delivery with the new configuration starts within a second or two, whatever the
+    breaker's cool-down. ``channels``: the channels concerned (default: all)."""
+    if endpoints_moved:
+        channel_health_prune()
+    channel_health_reset(channels=channels)
+    transaction.on_commit(dispatch_request)
+
+
 def smtp_configuration_changed(**kwargs: Any) -> None:
-    """``post_save`` handler of the SMTP configuration: an open email channel is probed at once,
-    so that a fixed password or relay does not wait out a long cool-down."""
-    channel_health_probe_soon(channel="email")
+    """``post_save`` handler of the SMTP configuration (a fixed password, another relay)."""
+    channel_configuration_changed(channels=["email"], endpoints_moved=True)
+
+
+def channel_settings_changed(*, instance: Any, **kwargs: Any) -> None:
+    """``post_save``/``post_delete`` handler of a channel's configuration (the SMS account and
+    API base: its endpoint) and of a delivery policy."""
+    channel_configuration_changed(
+        channels=[instance.channel], endpoints_moved=isinstance(instance, ChannelConfiguration)
+    )
+
+
+def list_targets_changed(*, sender: Any, **kwargs: Any) -> None:
+    """``post_save`` handler of a notification list (whose targets of any channel the same
+    change may have touched) and of one list target (its channel)."""
+    channel = LIST_TARGET_CHANNELS.get(sender)
+    channel_configuration_changed(channels=None if channel is None else [channel])
+
+
+# The list targets (and recipients) of each channel, for list_targets_changed.
+LIST_TARGET_CHANNELS: dict[type, str] = {
+    EmailRecipient: "email",
+    TeamsTarget: "teams",
+    WebhookTarget: "webhook",
+    SmsTarget: "sms",
+    AppriseTarget: "apprise",
+}
 
 
 @dataclass(frozen=True)

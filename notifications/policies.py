@@ -12,8 +12,9 @@ The rule for a failed attempt, in order:
    unknown (…)": never "retries exhausted", and never sent again without an operator;
 1. a class not in ``retry_on`` parks at once ("Permanent failure (<class>): …");
 2. a row older than ``max_age_seconds`` parks as expired ("Expired: not delivered within …");
-3. a channel failure (connection, timeout, auth, throttled) is retried after the strategy's
-   first delay and never uses up the attempts: the circuit breaker paces the channel;
+3. a channel failure (connection, timeout, auth, throttled, or an answer the endpoint gives
+   every recipient alike: relay-wide, notifications.failure_shape) is retried after the
+   strategy's first delay and never uses up the attempts: the circuit breaker paces the channel;
 4. any other failure is retried per the strategy until ``max_attempts`` failed attempts
    (channel failures not counted), then parks ("Retries exhausted (N failed attempts): …").
 """
@@ -220,16 +221,19 @@ def delivery_failure_decide(
     now: datetime,
     rand: float,
     outcome_unknown: bool = False,
+    relay_wide: str = "",
 ) -> FailureDecision:
     """The rule of the module docstring for one failed attempt of class ``failure_class``.
 
     ``row_failures`` counts this row's failed attempts that were not the channel's fault,
     including this one if it is not; ``outcome_unknown``: the attempt left only recipients
     whose outcome is unknown (rule 0); ``queued_at`` is when the row's maximum age started
-    (ingest, or the last operator Retry or Requeue); ``rand`` in [0, 1) draws the jitter.
+    (ingest, or the last operator Retry or Requeue); ``rand`` in [0, 1) draws the jitter;
+    ``relay_wide``: the answer (e.g. "451 4.3.5") this attempt got is its endpoint's failure,
+    so the attempt is a channel failure whatever its class.
     """
     timing = policy.timing
-    channel_failure = failure_class in CHANNEL_FAILURES
+    channel_failure = failure_class in CHANNEL_FAILURES or bool(relay_wide)
 
     def park(text: str, *, is_expired: bool = False) -> FailureDecision:
         return FailureDecision(
@@ -254,7 +258,8 @@ def delivery_failure_decide(
         # The breaker spaces the channel's attempts; the row only waits the first delay, so
         # that it is due again as soon as the channel recovers.
         delay = retry_delay(timing, failed_attempts=1, rand=rand)
-        text = f"Channel failure ({failure_class}; retried until the channel recovers): {message}"
+        shape = f"; relay-wide {relay_wide}" if relay_wide else ""
+        text = f"Channel failure ({failure_class}{shape}; retried until the channel recovers): {message}"
     elif attempts_exhausted(timing, failed_attempts=row_failures):
         return park(f"Retries exhausted ({row_failures} failed attempts): {message}")
     else:

@@ -132,10 +132,19 @@ def provider_statuses_reapply(*, notification_ids: Iterable[Any]) -> None:
         targets_apply_provider_statuses(notification=notification, messages=by_notification[notification.pk])
 
 
+def provider_error_code(entry: dict[str, Any]) -> str:
+    """The provider's error code of one target, as text ("" when none): the one its status
+    callback reported last (``ErrorCode``, e.g. 30003 unreachable), else the one it refused the
+    message with (e.g. 21211 invalid number)."""
+    code = entry.get("provider_error_code") or entry.get("provider_code")
+    return "" if code in (None, "") else str(code)
+
+
 def notification_targets(notification: Any, *, staff: bool = False) -> list[dict[str, Any]]:
-    """The status record's ``targets``: channel, target, outcome and provider status of each
-    target, from the notification's ``resolved_targets``. The target is the stored form (secrets
-    masked) for ``staff``, else what a site may see of it (``o***@example.com``, a host …:
+    """The status record's ``targets``: channel, target, outcome and provider status (with its
+    time and error code, when there are) of each target, from the notification's
+    ``resolved_targets``. The target is the stored form (secrets masked) for ``staff``, else
+    what a site may see of it (``o***@example.com``, a host …:
     notifications.channel_targets.target_site_masked)."""
     targets = getattr(notification, "resolved_targets", None)
     if not isinstance(targets, list):
@@ -153,6 +162,9 @@ def notification_targets(notification: Any, *, staff: bool = False) -> list[dict
         }
         if entry.get("provider_status_at"):
             record["provider_status_at"] = entry["provider_status_at"]
+        code = provider_error_code(entry)
+        if code:
+            record["provider_error_code"] = code
         records.append(record)
     return records
 

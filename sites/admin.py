@@ -19,6 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from rest_framework_api_key.models import APIKey
 
 from notifications.admin.common import ReadOnlyRecords
@@ -100,6 +101,27 @@ def _when(moment: Any) -> str:
     return "—" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S}"
 
 
+def _fallback_line(fallback: Any) -> str:
+    """The agent's local fallback relay as its heartbeat reported it, in one line."""
+    if not isinstance(fallback, dict):
+        return format_html("{}", "no local fallback relay configured")
+    state = (
+        "active: central unreachable, urgent notifications go to the local relay"
+        if fallback.get("active")
+        else ("configured, not active")
+    )
+    error = ""
+    if fallback.get("last_error"):
+        error = format_html(" · last error {}: {}", fallback.get("last_error_at") or "?", fallback["last_error"])
+    return format_html(
+        '<span class="site-fallback">local fallback relay {} · {} delivered locally · {} failing{}</span>',
+        state,
+        fallback.get("delivered", 0),
+        fallback.get("failing", 0),
+        error,
+    )
+
+
 def silent_badge(heartbeat: SiteHeartbeat | None, *, now: Any) -> str:
     """The "silent" badge for a site whose agent has not sent a heartbeat for
     OUTBOX_SITE_SILENT_AFTER (or never has); empty for a site heard from in time."""
@@ -126,7 +148,7 @@ class SiteAdmin(admin.ModelAdmin):
     )
     list_filter = ("active",)
     search_fields = ("site_id", "name")
-    readonly_fields = ("created_at", "last_seen_at", "agent_state")
+    readonly_fields = ("created_at", "last_seen_at", "agent_state", "agent_details", "refused_keys")
     inlines = [SiteAPIKeyInline]
 
     class Media:
@@ -202,6 +224,52 @@ class SiteAdmin(admin.ModelAdmin):
             heartbeat.parked,
             _when(heartbeat.last_forward_at),
             format_html(" · last error: {}", heartbeat.last_error) if heartbeat.last_error else "",
+        )
+
+    @admin.display(description="agent reports")
+    def agent_details(self, site: Site) -> str:
+        """What newer agents add to their heartbeat: what they support, rows central answered
+        5xx to again and again, their local fallback relay."""
+        heartbeat = self._heartbeat(site)
+        if heartbeat is None:
+            return "—"
+        lines: list[str] = [format_html("capabilities: {}", ", ".join(heartbeat.capabilities) or "none reported")]
+        errors = heartbeat.server_errors if isinstance(heartbeat.server_errors, dict) else None
+        if errors and errors.get("rows"):
+            lines.append(
+                format_html(
+                    '<span class="site-server-errors">{} row{} answered 5xx by central again and again since {} '
+                    "(retried with back-off, never parked): {}</span>",
+                    errors.get("rows"),
+                    "" if errors.get("rows") == 1 else "s",
+                    errors.get("since") or "?",
+                    errors.get("last_error") or "no error text",
+                )
+            )
+        else:
+            lines.append(format_html("{}", "no row answered 5xx by central"))
+        lines.append(_fallback_line(heartbeat.fallback))
+        return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
+
+    @admin.display(description="refused key attempts")
+    def refused_keys(self, site: Site) -> str:
+        """Requests refused although they carried one of this site's keys, per key prefix (the
+        agent cannot report them: its heartbeat is refused too)."""
+        refusals = list(site.key_refusals.all()) if site.pk else []
+        if not refusals:
+            return "None."
+        return format_html(
+            '<table class="outbox-targets" id="site-key-refusals"><thead><tr><th>key prefix</th><th>refused</th>'
+            "<th>why (latest)</th><th>first (UTC)</th><th>last (UTC)</th><th>last client address</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                (
+                    (r.prefix, r.count, r.get_reason_display(), _when(r.first_at), _when(r.last_at), r.last_client)
+                    for r in refusals
+                ),
+            ),
         )
 
     def get_urls(self) -> list[URLPattern]:

@@ -51,6 +51,15 @@ class CountField(serializers.IntegerField):
         return int(super().to_internal_value(data))
 
 
+class FlagField(serializers.BooleanField):
+    """A JSON boolean (not a number or a string DRF would read as one)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class IdField(serializers.UUIDField):
     """A UUID given as a JSON string (DRF would also take an integer, or a boolean as one)."""
 
@@ -60,8 +69,28 @@ class IdField(serializers.UUIDField):
         return super().to_internal_value(data)
 
 
+class ServerErrorsSerializer(serializers.Serializer):
+    """Rows central answered 5xx to more than once, retried by the agent with back-off."""
+
+    rows = CountField(min_value=0, max_value=2**31 - 1)
+    since = serializers.DateTimeField(allow_null=True, required=False, default=None)
+    last_error = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="", trim_whitespace=False)
+
+
+class FallbackSerializer(serializers.Serializer):
+    """The agent's local fallback relay (sent only when one is configured)."""
+
+    configured = FlagField(required=False, default=True)
+    active = FlagField()
+    delivered = CountField(min_value=0, max_value=2**31 - 1, required=False, default=0)
+    failing = CountField(min_value=0, max_value=2**31 - 1, required=False, default=0)
+    last_error = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="", trim_whitespace=False)
+    last_error_at = serializers.DateTimeField(allow_null=True, required=False, default=None)
+
+
 class HeartbeatSerializer(serializers.Serializer):
-    """What the agent says about itself; fields it does not send keep their defaults."""
+    """What the agent says about itself; fields it does not send keep their defaults (older
+    agents send none of capabilities, server_errors and fallback)."""
 
     agent_version = TextField(max_length=64, allow_blank=True, required=False, default="")
     buffered = CountField(min_value=0, max_value=2**31 - 1)
@@ -69,6 +98,9 @@ class HeartbeatSerializer(serializers.Serializer):
     oldest_buffered_at = serializers.DateTimeField(allow_null=True, required=False, default=None)
     last_forward_at = serializers.DateTimeField(allow_null=True, required=False, default=None)
     last_error = TextField(max_length=MAX_TEXT, allow_blank=True, required=False, default="", trim_whitespace=False)
+    capabilities = serializers.ListField(child=TextField(max_length=64), max_length=50, required=False, default=list)
+    server_errors = ServerErrorsSerializer(required=False, allow_null=True, default=None)
+    fallback = FallbackSerializer(required=False, allow_null=True, default=None)
 
 
 class CommandSerializer(serializers.Serializer):

@@ -2,27 +2,31 @@
 
 Missing, malformed, unknown, revoked and expired keys answer 401; a valid key of a
 deactivated site answers 403 (the caller is known, but not allowed). Repeated failures answer
-429 (sites/throttling.py). Staff use ``Authorization: Token <staff key>`` for the staff API
+429 (sites/throttling.py). A refusal of a request that carried one of a site's keys (revoked,
+expired, a wrong secret, the site deactivated) is counted per key prefix for the site's page. Staff use ``Authorization: Token <staff key>`` for the staff API
 (KPIs, operator actions).
 """
 
 import hashlib
+import logging
 import threading
 import time
 from datetime import timedelta
 from typing import Any, NoReturn, cast
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from sites.models import Site, SiteAPIKey, StaffAPIKey
-from sites.services import staff_key_touch_last_used, staff_key_verify
+from sites.models import Site, SiteAPIKey, SiteKeyRefusal, StaffAPIKey
+from sites.services import site_key_refusal_record, staff_key_touch_last_used, staff_key_verify
 from sites.throttling import auth_failures, auth_failures_check, client_address
 
+logger = logging.getLogger(__name__)
 KEYWORD = "Api-Key"
 # Refreshing "last seen" on every request would turn each ingest into two writes.
 LAST_SEEN_RESOLUTION = timedelta(seconds=60)
@@ -42,11 +46,14 @@ class SiteKeyAuthentication(authentication.BaseAuthentication):
         auth_failures_check([client])
         if not key or "." not in key or len(key) > 200:
             _failed([client], "Malformed API key.", code="invalid_key")
-        failure_keys = [client, ("key", key.partition(".")[0][:16])]
+        prefix = key.partition(".")[0][:16]
+        failure_keys = [client, ("key", prefix)]
         api_key = _verified_key(key)
         if api_key is None:
+            _refusal_record(prefix=prefix, reason=_unusable_reason(prefix), client=client[1])
             _failed(failure_keys, "Unknown or revoked API key.", code="invalid_key")
         if api_key.has_expired:
+            _refusal_record(prefix=prefix, reason=SiteKeyRefusal.Reason.EXPIRED, client=client[1])
             _failed(failure_keys, "API key has expired.", code="expired_key")
         site = api_key.site
         site_touch_last_seen(site=site)
@@ -55,6 +62,21 @@ class SiteKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return KEYWORD
+
+
+def _unusable_reason(prefix: str) -> str:
+    """Why a key whose prefix is ``prefix`` did not verify: revoked, or a wrong secret."""
+    revoked = SiteAPIKey.objects.filter(prefix=prefix).values_list("revoked", flat=True).first()
+    return SiteKeyRefusal.Reason.REVOKED if revoked else SiteKeyRefusal.Reason.WRONG_SECRET
+
+
+def _refusal_record(*, prefix: str, reason: str, client: str) -> None:
+    """Count a refused request on its key's site (sites.services.site_key_refusal_record).
+    Bookkeeping only: a database problem here must not turn the refusal into a 500."""
+    try:
+        site_key_refusal_record(prefix=prefix, reason=reason, client=client)
+    except DatabaseError:
+        logger.exception("could not record a refused key attempt for prefix %s", prefix)
 
 
 def _failed(keys: list[tuple[str, str]], message: str, *, code: str) -> NoReturn:
@@ -160,5 +182,10 @@ class IsActiveSite(permissions.BasePermission):
         if not isinstance(site, Site):
             return False
         if not site.active:
+            api_key = request.auth if isinstance(request.auth, SiteAPIKey) else None
+            if api_key is not None:
+                _refusal_record(
+                    prefix=api_key.prefix, reason=SiteKeyRefusal.Reason.SITE_INACTIVE, client=client_address(request)
+                )
             raise exceptions.PermissionDenied("This site is deactivated.", code="site_inactive")
         return True

@@ -83,12 +83,47 @@ class SiteHeartbeat(models.Model):
     oldest_buffered_at = models.DateTimeField(null=True, blank=True)
     last_forward_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    # What newer agents add (each only when it says something): what the agent supports
+    # ("acknowledged"), the rows central answered 5xx to more than once ({"rows", "since",
+    # "last_error"}), and its local fallback relay ({"configured", "active", "delivered",
+    # "failing", "last_error", "last_error_at"}). Empty or None from agents that do not send them.
+    capabilities = models.JSONField(default=list, blank=True)
+    server_errors = models.JSONField(null=True, blank=True)
+    fallback = models.JSONField(null=True, blank=True)
 
     class Meta:
         verbose_name = "site heartbeat"
 
     def __str__(self) -> str:
         return f"{self.site_id} at {self.received_at:%Y-%m-%d %H:%M:%S}"
+
+
+class SiteKeyRefusal(models.Model):
+    """Requests central refused although they carried one of a site's keys (by its prefix): a
+    revoked or expired key, a wrong secret behind a known prefix, or a deactivated site. One
+    row per key prefix, counted; the site's page shows them, since the refused agent cannot
+    say so itself (its heartbeat is refused too)."""
+
+    class Reason(models.TextChoices):
+        REVOKED = "revoked", "key revoked"
+        EXPIRED = "expired", "key expired"
+        WRONG_SECRET = "wrong_secret", "wrong secret for this key prefix"
+        SITE_INACTIVE = "site_inactive", "site deactivated"
+
+    site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="key_refusals")
+    prefix = models.CharField(max_length=16, unique=True)
+    reason = models.CharField(max_length=16, choices=Reason.choices)  # the latest refusal's
+    count = models.PositiveBigIntegerField(default=0)
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+    last_client = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        verbose_name = "refused key attempt"
+        ordering = ["-last_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix} of {self.site_id}: {self.count} refused"
 
 
 class SiteParkedNotification(models.Model):

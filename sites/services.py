@@ -10,12 +10,21 @@ from typing import Any, cast
 from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from notifications.clock import database_now
 from notifications.models import Notification
-from sites.models import Site, SiteAPIKey, SiteCommand, SiteHeartbeat, SiteParkedNotification, StaffAPIKey
+from sites.models import (
+    Site,
+    SiteAPIKey,
+    SiteCommand,
+    SiteHeartbeat,
+    SiteKeyRefusal,
+    SiteParkedNotification,
+    StaffAPIKey,
+)
 
 Parked = SiteParkedNotification.State
 
@@ -43,6 +52,27 @@ def site_key_revoke(*, prefix: str) -> SiteAPIKey:
         api_key.revoked = True
         api_key.save(update_fields=["revoked"])
     return api_key
+
+
+def site_key_refusal_record(*, prefix: str, reason: str, client: str) -> SiteKeyRefusal | None:
+    """Count one refused request that carried the key whose prefix is ``prefix`` (a
+    :class:`SiteKeyRefusal.Reason`: revoked, expired, wrong secret or site deactivated) from
+    ``client``, for that key's site; returns the count's row, or None when the prefix is no
+    site's key (nothing to show on a site's page; such guesses are only rate-limited)."""
+    site_id = SiteAPIKey.objects.filter(prefix=prefix).values_list("site_id", flat=True).first()
+    if site_id is None:
+        return None
+    now = timezone.now()
+    changes = {"reason": reason, "last_at": now, "last_client": client[:64]}
+    for _ in range(2):  # a concurrent first refusal may create the row between our two statements
+        if SiteKeyRefusal.objects.filter(prefix=prefix).update(count=F("count") + 1, **changes):
+            return SiteKeyRefusal.objects.filter(prefix=prefix).first()
+        try:
+            with transaction.atomic():
+                return SiteKeyRefusal.objects.create(site_id=site_id, prefix=prefix, count=1, first_at=now, **changes)
+        except IntegrityError:
+            continue
+    return None
 
 
 def site_get(*, site_id: str) -> Site:
@@ -124,8 +154,9 @@ def site_is_silent(*, last_heartbeat_at: datetime | None, now: datetime) -> bool
 
 def site_heartbeat_record(*, site: Site, report: dict[str, Any]) -> list[SiteCommand]:
     """Store ``report`` (agent_version, buffered, parked, oldest_buffered_at, last_forward_at,
-    last_error) as the site's latest heartbeat; returns the site's pending commands, oldest
-    first, which the agent is to execute (they stay pending until it acknowledges them)."""
+    last_error; from newer agents capabilities, server_errors and fallback) as the site's
+    latest heartbeat; returns the site's pending commands, oldest first, which the agent is to
+    execute (they stay pending until it acknowledges them)."""
     now = database_now()
     SiteHeartbeat.objects.update_or_create(
         site=site,
@@ -137,12 +168,22 @@ def site_heartbeat_record(*, site: Site, report: dict[str, Any]) -> list[SiteCom
             "oldest_buffered_at": report.get("oldest_buffered_at"),
             "last_forward_at": report.get("last_forward_at"),
             "last_error": report.get("last_error") or "",
+            "capabilities": list(report.get("capabilities") or []),
+            "server_errors": _json_ready(report.get("server_errors")),
+            "fallback": _json_ready(report.get("fallback")),
         },
     )
     pending = list(SiteCommand.objects.filter(site=site, state=SiteCommand.State.PENDING).order_by("created_at")[:100])
     if pending:
         SiteCommand.objects.filter(pk__in=[command.pk for command in pending]).update(sent_at=now)
     return pending
+
+
+def _json_ready(value: Any) -> Any:
+    """A heartbeat's nested object as stored (times as ISO-8601 text); None stays None."""
+    if not isinstance(value, dict):
+        return None
+    return {name: item.isoformat() if isinstance(item, datetime) else item for name, item in value.items()}
 
 
 # --- notifications parked at sites ----------------------------------------------------------------

@@ -240,7 +240,11 @@ def _entry(channel: str, target: Target, outcome: TargetOutcome) -> dict[str, An
 def _result(snapshot: list[dict[str, Any]], fresh: list[TargetOutcome]) -> DeliveryResult:
     """Delivered when at least one target accepted and none is retryable; else the failure of
     the first retryable target (transient), or of the first refusal (every target refused)."""
-    detail = {"targets": [{"target": e["target"], "outcome": e["outcome"], **_status(e)} for e in snapshot]}
+    detail: dict[str, Any] = {
+        "targets": [{"target": e["target"], "outcome": e["outcome"], **_status(e)} for e in snapshot],
+        # Accepted in this attempt (a receiver that took something works; notifications.failure_shape).
+        "accepted": sum(1 for outcome in fresh if outcome.outcome == "delivered"),
+    }
     retryable = [outcome for outcome in fresh if outcome.retryable]
     delivered = [entry for entry in snapshot if entry.get("outcome") == "delivered"]
     refused = [entry for entry in snapshot if entry.get("outcome") == "refused"]

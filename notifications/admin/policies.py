@@ -1,19 +1,25 @@
 """Delivery policies (one per channel) and channel health (the circuit breakers), in the console.
 
 Policies are configuration (Administrators edit them). Channel health is the workers' shared
-state: read-only here, except "Probe now", which lets an open channel be probed at once.
+state: read-only here, except "Probe now", which lets an open endpoint be probed at once (or
+closes one that nothing would be sent to), and "Close…", which closes endpoints with a reason
+(an endpoint no longer configured is removed). Both are recorded in the history.
 """
 
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
-from notifications.clock import database_now
-from notifications.models import ChannelHealth, DeliveryPolicy
+from notifications.health import channel_endpoints, channel_health_close, channel_health_probe_now
+from notifications.models import ChannelHealth, DeliveryPolicy, Notification
 from notifications.policies import POLICY_FIELDS, delivery_policy_validate
+from notifications.trigger import dispatch_request
 from notifications.vocabulary import FailureClass
 
 
@@ -63,11 +69,20 @@ class DeliveryPolicyAdmin(admin.ModelAdmin):
     )
 
 
+class CloseEndpointsForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        max_length=2000,
+        help_text='Why the endpoint is closed (e.g. "relay replaced by smtp2"); recorded in its history.',
+    )
+
+
 @admin.register(ChannelHealth)
 class ChannelHealthAdmin(admin.ModelAdmin):
     list_display = (
         "channel",
         "endpoint",
+        "configured",
         "state",
         "opened_at",
         "consecutive_failures",
@@ -75,9 +90,10 @@ class ChannelHealthAdmin(admin.ModelAdmin):
         "last_error_excerpt",
         "probe_after",
         "probes",
+        "waiting",
     )
     readonly_fields = [field.name for field in ChannelHealth._meta.fields]
-    actions = ["probe_now"]
+    actions = ["probe_now", "close_endpoints"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -86,11 +102,38 @@ class ChannelHealthAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # The row is the workers' state; "change" permits only the Probe now action.
+        # The row is the workers' state; "change" permits only the Probe now and Close actions.
         return obj is None and super().has_change_permission(request, obj)
 
     def has_probe_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("notifications.change_channelhealth")
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # Read once per page: each channel's configured endpoint and its waiting rows.
+        self._endpoints = channel_endpoints()
+        self._waiting: dict[str, int] = {}
+        return super().changelist_view(request, extra_context)
+
+    def _current(self, obj: ChannelHealth) -> bool:
+        endpoints = getattr(self, "_endpoints", None) or channel_endpoints()
+        return endpoints.get(obj.channel) == obj.endpoint
+
+    @admin.display(description="configured", boolean=True)
+    def configured(self, obj: ChannelHealth) -> bool:
+        return self._current(obj)
+
+    @admin.display(description="rows waiting")
+    def waiting(self, obj: ChannelHealth) -> int:
+        # A channel delivers through its one configured endpoint: the channel's open rows wait for
+        # that endpoint, and none for an endpoint no longer configured.
+        if not self._current(obj):
+            return 0
+        cache = getattr(self, "_waiting", {})
+        if obj.channel not in cache:
+            cache[obj.channel] = Notification.objects.filter(
+                status__in=Notification.NON_TERMINAL, type=obj.channel
+            ).count()
+        return cache[obj.channel]
 
     @admin.display(description="last error")
     def last_error_excerpt(self, obj: ChannelHealth) -> str:
@@ -99,9 +142,41 @@ class ChannelHealthAdmin(admin.ModelAdmin):
 
     @admin.action(description="Probe selected open channels now", permissions=["probe"])
     def probe_now(self, request: HttpRequest, queryset: QuerySet[ChannelHealth]) -> None:
-        count = queryset.exclude(state=ChannelHealth.State.CLOSED).update(probe_after=database_now())
-        self.message_user(
-            request,
-            f"{count} open channel{'s' if count != 1 else ''} will be probed by the next dispatch.",
-            messages.SUCCESS if count else messages.WARNING,
-        )
+        result = channel_health_probe_now(health_ids=queryset.values_list("pk", flat=True), user=request.user)
+        if result.probing:
+            transaction.on_commit(dispatch_request)
+            count = len(result.probing)
+            self.message_user(
+                request,
+                f"{count} open endpoint{'s' if count != 1 else ''} will be probed by the next dispatch "
+                f"({', '.join(result.probing)}).",
+                messages.SUCCESS,
+            )
+        for closed in result.closed:
+            self.message_user(request, f"Closed instead of probed: {closed}.", messages.SUCCESS)
+        if not result.probing and not result.closed:
+            self.message_user(request, "None of the selected endpoints is open: nothing to probe.", messages.WARNING)
+
+    @admin.action(description="Close selected endpoints… (needs a reason)", permissions=["probe"])
+    def close_endpoints(self, request: HttpRequest, queryset: QuerySet[ChannelHealth]) -> HttpResponse | None:
+        ids = list(queryset.values_list("pk", flat=True))
+        form = CloseEndpointsForm(request.POST if request.POST.get("post") == "yes" else None)
+        if form.is_bound and form.is_valid():
+            count = channel_health_close(health_ids=ids, reason=form.cleaned_data["reason"], user=request.user)
+            transaction.on_commit(dispatch_request)  # rows waiting for a closed endpoint are due again
+            self.message_user(
+                request,
+                f"Closed {count} endpoint{'s' if count != 1 else ''}; those no longer configured were removed.",
+                messages.SUCCESS,
+            )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Close channel endpoints?",
+            "opts": self.opts,
+            "ids": ids,
+            "rows": [(row, self._current(row)) for row in ChannelHealth.objects.filter(pk__in=ids)],
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/notifications/channelhealth/close_confirmation.html", context)

@@ -24,7 +24,8 @@ from django.db import transaction
 from notifications import db
 from notifications.adapters.base import DeliveryError, DeliveryResult
 from notifications.clock import database_now
-from notifications.health import Channel, channel_health_record
+from notifications.failure_shape import Evidence, attempt_delivered, attempt_evidence
+from notifications.health import Channel, channel_health_record, channel_shape_observe
 from notifications.metrics import deliveries_observe
 from notifications.models import DeliveryAttempt, Notification, ProviderMessage
 from notifications.policies import delivery_failure_decide
@@ -110,7 +111,7 @@ def notifications_finish(*, worker_id: str, outcomes: Iterable[Finish], now: dat
     """
     now = now or database_now()
     finishes = list(outcomes)
-    grouped = _Grouped()
+    grouped = _Grouped(shapes=_shapes_judge(finishes, now=now))
     for item in finishes:
         grouped.add(item, now=now)
     report = FinishReport()
@@ -139,13 +140,59 @@ GroupKey = tuple[str, str, str, str]
 
 
 @dataclass
+class _Shapes:
+    """The finish's rows whose failure was their endpoint's relay-wide answer (the answer, by
+    row id), and their attempts of it charged before it was recognised (given back)."""
+
+    relay_wide: dict[str, str] = field(default_factory=dict)
+    earlier: dict[str, int] = field(default_factory=dict)
+
+
+def _shapes_judge(finishes: list[Finish], *, now: datetime) -> _Shapes:
+    """What the finish's failed attempts say about their endpoints' answers, judged per
+    channel under its health row's lock (:func:`~notifications.health.channel_shape_observe`),
+    before the rows are finished: a failure that is the endpoint's is a channel failure."""
+    evidence: dict[str, list[Evidence]] = {}
+    channels: dict[str, Channel] = {}
+    delivered: set[str] = set()
+    for item in finishes:
+        outcome, channel = item.outcome, item.channel
+        if not outcome.started or channel.endpoint is None:
+            continue
+        if outcome.result is not None or (outcome.error is not None and attempt_delivered(outcome.error.detail)):
+            delivered.add(channel.name)
+        found = (
+            None
+            if outcome.error is None
+            else attempt_evidence(notification_id=item.notification.pk, error=outcome.error)
+        )
+        if found is not None:
+            evidence.setdefault(channel.name, []).append(found)
+            channels[channel.name] = channel
+    shapes = _Shapes()
+    for name, found_here in evidence.items():
+        verdict = channel_shape_observe(
+            channel=channels[name], evidence=found_here, delivered=name in delivered, now=now
+        )
+        if verdict.signature:
+            shapes.relay_wide.update(
+                {item.notification_id: verdict.signature for item in found_here if verdict.signature in item.answers}
+            )
+            shapes.earlier.update(verdict.earlier)
+    return shapes
+
+
+@dataclass
 class _ChannelSeen:
     """What one finish learned of a channel: every started attempt's failure class (None for
-    a success) and the messages of its channel failures."""
+    a success) but those that were the endpoint's relay-wide answer (counted as ``shaped``),
+    the messages of its channel failures, and whether a target accepted a message."""
 
     channel: Channel
     classes: list[str | None] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    shaped: int = 0
+    delivered: bool = False
 
 
 @dataclass
@@ -153,6 +200,7 @@ class _Grouped:
     """The rows of one finish grouped by identical changes, and what else the finish writes:
     the attempts finished, those of rows never started, durations, what each channel saw."""
 
+    shapes: _Shapes = field(default_factory=_Shapes)
     groups: dict[GroupKey, tuple[dict[str, Any], list[Notification]]] = field(default_factory=dict)
     attempts: list[DeliveryAttempt] = field(default_factory=list)
     unstarted: list[Any] = field(default_factory=list)
@@ -182,14 +230,31 @@ class _Grouped:
             kind = "delivered"
             self.groups[self._previous_key][1].append(row)
         else:
-            changes, kind = _finish_changes(notification=row, outcome=outcome, channel=item.channel, now=now)
+            changes, kind = _finish_changes(
+                notification=row,
+                outcome=outcome,
+                channel=item.channel,
+                now=now,
+                relay_wide=self.shapes.relay_wide.get(str(row.pk), ""),
+                given_back=self.shapes.earlier.get(str(row.pk), 0),
+            )
             changes["last_attempt_at"] = attempt.started_at
             self._group(item, changes, kind, inputs=inputs)
         _attempt_finish(attempt, outcome, kind=kind, probe=item.probe)
         self.attempts.append(attempt)
         if outcome.adapter_called:
             self.durations.append((item.channel.name, outcome.duration_ms / 1000))
+        self._seen(seen, row, outcome)
+
+    def _seen(self, seen: "_ChannelSeen", row: Notification, outcome: DeliveryOutcome) -> None:
+        """Add a started attempt's outcome to what the finish saw of its channel."""
         error = outcome.error
+        seen.delivered = seen.delivered or error is None or attempt_delivered(error.detail)
+        relay_wide = self.shapes.relay_wide.get(str(row.pk))
+        if error is not None and relay_wide:
+            seen.shaped += 1
+            seen.messages.append(f"relay-wide {relay_wide}: {error.message}")
+            return
         seen.classes.append(None if error is None else error.failure_class)
         if error is not None and error.failure_class in CHANNEL_FAILURES:
             seen.messages.append(error.message)
@@ -239,8 +304,12 @@ def _channels_health_record(seen: Iterable[_ChannelSeen], *, worker_id: str, now
     """Record what the finish saw of each channel on its health (its breaker)."""
     for channel_seen in seen:
         channel, classes = channel_seen.channel, channel_seen.classes
-        # A healthy channel without channel failures has nothing to record: no write, no lock.
-        if channel.endpoint is None or (channel.clean and not any(c in CHANNEL_FAILURES for c in classes)):
+        # A healthy channel without channel failures (and without answers watched for a shape
+        # that a delivery now ends) has nothing to record: no write, no lock.
+        failing = channel_seen.shaped or any(c in CHANNEL_FAILURES for c in classes)
+        if channel.endpoint is None or not (
+            failing or not channel.clean or (channel.tracking and channel_seen.delivered)
+        ):
             continue
         messages = channel_seen.messages
         channel_health_record(
@@ -249,6 +318,8 @@ def _channels_health_record(seen: Iterable[_ChannelSeen], *, worker_id: str, now
             worker_id=worker_id,
             now=now,
             last_error=db.storable(messages[-1]) if messages else "",
+            shaped=channel_seen.shaped,
+            delivered=channel_seen.delivered,
         )
 
 
@@ -301,10 +372,18 @@ def _finished_log(
 
 
 def _finish_changes(
-    *, notification: Notification, outcome: DeliveryOutcome, channel: Channel, now: datetime
+    *,
+    notification: Notification,
+    outcome: DeliveryOutcome,
+    channel: Channel,
+    now: datetime,
+    relay_wide: str = "",
+    given_back: int = 0,
 ) -> tuple[dict[str, Any], str]:
     """The column changes that finish ``notification`` after a started delivery, and what they
-    amount to: "delivered", "retrying" or "parked"."""
+    amount to: "delivered", "retrying" or "parked". ``relay_wide``: the failure was its
+    endpoint's relay-wide answer (a channel failure); ``given_back``: earlier attempts of that
+    answer, charged to the row before it was recognised, that become channel failures too."""
     changes: dict[str, Any] = {"claimed_by": "", "claimed_until": None}
     if outcome.result is not None:
         changes.update(
@@ -318,9 +397,9 @@ def _finish_changes(
         return changes, "delivered"
     error = outcome.error
     assert error is not None, "a started delivery has a result or an error"
-    channel_failure = error.failure_class in CHANNEL_FAILURES
-    channel_failures = notification.channel_failures + (1 if channel_failure else 0)
+    channel_failure = error.failure_class in CHANNEL_FAILURES or bool(relay_wide)
     failed = notification.retry_count + 1
+    channel_failures = min(notification.channel_failures + (1 + given_back if channel_failure else 0), failed)
     decision = delivery_failure_decide(
         policy=channel.policy,
         failure_class=error.failure_class,
@@ -330,6 +409,7 @@ def _finish_changes(
         now=now,
         rand=random.random(),
         outcome_unknown=error.outcome_unknown,
+        relay_wide=relay_wide,
     )
     changes.update(
         retry_count=failed,

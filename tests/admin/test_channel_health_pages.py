@@ -7,7 +7,7 @@ from datetime import timedelta
 from django.urls import reverse
 from django.utils import timezone
 
-from notifications.models import ChannelHealth, DeliveryAttempt, Notification
+from notifications.models import ChannelHealth, DeliveryAttempt, Notification, SmtpConfiguration
 from tests.admin.conftest import login, make_notification, make_user
 
 Status = Notification.Status
@@ -15,6 +15,11 @@ OUTBOX = reverse("admin:notifications_notification_changelist")
 
 
 def open_channel(**fields):
+    """An open endpoint of the configured SMTP relay."""
+    SmtpConfiguration.objects.update_or_create(
+        pk=SmtpConfiguration.SINGLETON_PK,
+        defaults={"host": "smtp.example.com", "port": 587, "from_address": "outbox@example.com"},
+    )
     values = {
         "channel": "email",
         "endpoint": "smtp.example.com:587",
@@ -63,6 +68,7 @@ def test_an_attempts_failure_class_is_on_the_notification_page(operator_client):
 def test_an_administrator_lets_an_open_channel_be_probed_now(client, db):
     login(client, make_user("adam", groups=["Administrators"]))
     health = open_channel()
+    make_notification(status=Status.RETRYING)  # waiting for the relay: the probe's row
     response = client.post(
         reverse("admin:notifications_channelhealth_changelist"),
         {"action": "probe_now", "_selected_action": [health.pk]},

@@ -80,17 +80,34 @@ def test_a_signed_status_callback_records_the_provider_status_and_a_replay_chang
     assert (target["outcome"], target["provider_status"]) == ("delivered", "delivered")
 
 
-def test_an_undelivered_callback_carries_twilio_error_code(channel_list, twilio, central):
+def test_an_undelivered_callback_carries_twilio_error_code_into_the_status_records_targets(
+    channel_list, twilio, central, api
+):
     configure_sms(twilio)
     add_numbers(channel_list, ALICE)
     notification = queue_sms()
     run_pass()
     (sid,) = twilio.messages
+    (target,) = api.get(f"/api/v1/notifications/{notification.pk}/").json()["targets"]
+    assert "provider_error_code" not in target  # none yet
     assert twilio.callback(sid, "undelivered", error_code="30003").status_code == 200
     (entry,) = fresh(notification).resolved_targets
     assert (entry["provider_status"], entry["provider_error_code"]) == ("undelivered", "30003")
     # The notification stays Delivered: the provider accepted it; the target shows what happened next.
     assert fresh(notification).status == Status.DELIVERED
+    (target,) = api.get(f"/api/v1/notifications/{notification.pk}/").json()["targets"]
+    assert (target["provider_status"], target["provider_error_code"]) == ("undelivered", "30003")
+
+
+def test_the_error_code_twilio_refused_a_number_with_is_in_the_status_records_targets(channel_list, twilio, api):
+    configure_sms(twilio)
+    add_numbers(channel_list, ALICE, twilio.INVALID)
+    notification = queue_sms()
+    run_pass()
+    targets = api.get(f"/api/v1/notifications/{notification.pk}/").json()["targets"]
+    by_outcome = {target["outcome"]: target for target in targets}
+    assert by_outcome["refused"]["provider_error_code"] == "21211"
+    assert "provider_error_code" not in by_outcome["delivered"]
 
 
 @pytest.mark.parametrize("signature", ["", "bm90IHRoZSBzaWduYXR1cmU="])

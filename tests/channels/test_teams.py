@@ -6,6 +6,7 @@ import pytest
 from notifications.models import DeliveryAttempt, Notification, TeamsTarget
 from tests.channels.conftest import configure_channel, make_due
 from tests.dispatch.conftest import fresh, queue, run_pass
+from tests.support.payloads import make_payload
 from tests.support.receivers import Reply
 
 Status = Notification.Status
@@ -59,6 +60,30 @@ def test_facts_given_as_a_list_keep_their_order(channel_list, teams_receiver):
     card = teams_receiver.received[0].json()["attachments"][0]["content"]
     assert card["body"][-1]["facts"] == [{"title": "B", "value": "2"}, {"title": "A", "value": "1"}]
     assert "actions" not in card  # no OUTBOX_PUBLIC_URL: no link
+
+
+def test_facts_given_as_an_object_keep_the_order_sent_through_the_api(channel_list, teams_receiver, api):
+    TeamsTarget.objects.create(notification_list=channel_list, url=workflow_url(teams_receiver))
+    # PostgreSQL's jsonb would sort these keys (shorter first): Site before Pressure.
+    payload = make_payload(type="teams", list_name="Channels", type_data={"facts": {"Pressure": "3 bar", "Site": "A"}})
+    assert api.post("/api/v1/notifications/", payload, format="json").status_code == 201
+    run_pass()
+    card = teams_receiver.received[0].json()["attachments"][0]["content"]
+    assert card["body"][-1]["facts"] == [{"title": "Pressure", "value": "3 bar"}, {"title": "Site", "value": "A"}]
+    # The same submission again is a replay: the fingerprint is of what was sent.
+    assert api.post("/api/v1/notifications/", payload, format="json").status_code == 200
+
+
+def test_a_row_stored_before_facts_kept_their_order_still_replays_and_is_delivered(channel_list, teams_receiver, api):
+    TeamsTarget.objects.create(notification_list=channel_list, url=workflow_url(teams_receiver))
+    payload = make_payload(type="teams", list_name="Channels", type_data={"facts": {"Pressure": "3 bar", "Site": "A"}})
+    assert api.post("/api/v1/notifications/", payload, format="json").status_code == 201
+    # As such a row was stored: the object itself (never rewritten).
+    Notification.objects.filter(pk=payload["notification_id"]).update(type_data=payload["type_data"])
+    assert api.post("/api/v1/notifications/", payload, format="json").status_code == 200
+    assert run_pass().delivered == 1
+    facts = teams_receiver.received[0].json()["attachments"][0]["content"]["body"][-1]["facts"]
+    assert sorted(fact["title"] for fact in facts) == ["Pressure", "Site"]
 
 
 def test_a_503_then_success_is_retried_then_delivered(channel_list, teams_receiver):

@@ -9,9 +9,9 @@ import pytest
 
 from notifications.adapters.base import DeliveryError
 from notifications.adapters.email import email_send_test
-from notifications.models import EmailRecipient, Notification, NotificationList, SmtpConfiguration
+from notifications.models import ChannelHealth, EmailRecipient, Notification, NotificationList, SmtpConfiguration
 from tests.dispatch.conftest import fresh, queue, run_pass, store_policy
-from tests.support.postfix import PostfixRelay, postfix_or_skip
+from tests.support.postfix import PolicyService, PostfixRelay, postfix_or_skip
 from tests.support.smtp import SmtpServer
 
 Status = Notification.Status
@@ -181,3 +181,47 @@ def test_120_recipients_through_a_relay_that_takes_50_per_transaction_each_recei
     assert copies == dict.fromkeys(addresses, 1)
     # Postfix queued three messages of 50, 50 and 20 recipients (its limit held every time).
     assert relay.log_count("nrcpt=50 ") == 2 and relay.log_count("nrcpt=20 ") == 1, relay.log_text()[-3000:]
+
+
+def test_a_policy_service_answering_451_opens_the_breaker_and_the_rows_are_delivered_once_it_answers_again(db):
+    """Postfix's ``check_policy_service`` asks a policy server about every recipient; while it
+    answers ``451 4.3.5`` (as Postfix itself does when the service is down) every recipient of
+    every message is deferred alike. That is the relay failing, not the rows: the breaker opens
+    ("relay-wide 451 4.3.5"), nothing is charged or parked, and once the service answers DUNNO
+    again the probes deliver everything — no operator action."""
+    postfix_or_skip()
+    store_policy(
+        strategy="fixed", interval_seconds=1, max_attempts=2, breaker_cooldown_seconds=1, breaker_max_cooldown_seconds=2
+    )
+    members("Shift", "a@example.com", "b@example.com", "c@example.com")
+    with (
+        SmtpServer() as sink,
+        PolicyService() as policy,
+        PostfixRelay(sink=sink, policy=policy) as guarded,
+    ):
+        policy.action = "451 4.3.5 Policy service unavailable"
+        relay_config(guarded)
+        notifications = queue(5, list_name="Shift")
+        deadline = time.monotonic() + 8  # longer than two attempts at 1 s: the row limit would park them
+        while time.monotonic() < deadline:
+            run_pass(concurrency=2)
+            time.sleep(0.3)
+        health = ChannelHealth.objects.get(channel="email")
+        assert health.state in (ChannelHealth.State.OPEN, ChannelHealth.State.HALF_OPEN)
+        assert health.last_error.startswith("relay-wide 451 4.3.5")
+        assert policy.requests >= 9  # three notifications, three recipients at least
+        rows = [fresh(n) for n in notifications]
+        assert {row.status for row in rows} == {Status.RETRYING}
+        assert all(row.retry_count == row.channel_failures for row in rows)
+        assert sink.count == 0
+
+        policy.action = "DUNNO"  # the service is back; nobody touches the rows
+        deadline = time.monotonic() + 30
+        while Notification.objects.exclude(status=Status.DELIVERED).exists() and time.monotonic() < deadline:
+            run_pass(concurrency=2)
+            time.sleep(0.3)
+        assert set(Notification.objects.values_list("status", flat=True)) == {Status.DELIVERED}
+        assert ChannelHealth.objects.get(channel="email").state == ChannelHealth.State.CLOSED
+        guarded.wait_until_idle()
+        sink.wait_for(5, timeout=20)
+        assert sink.count_by_notification_id() == {str(n.pk): 1 for n in notifications}

@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 
 from notifications.kpis import kpis_compute
-from notifications.models import ChannelHealth, DeliveryAttempt, Notification, ProviderMessage
+from notifications.models import ChannelHealth, DeliveryAttempt, Notification, ProviderMessage, SmtpConfiguration
 from notifications.purge import notifications_purge
 from notifications.vocabulary import FailureClass
 from tests.support.processes import settings_refusal
@@ -261,6 +261,7 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
 
 
 def test_kpis_list_open_channels_with_since_when_the_last_class_and_the_rows_waiting(crafted):
+    SmtpConfiguration.objects.create(host="smtp.example.com", port=587, from_address="outbox@example.com")
     opened = NOW - timedelta(minutes=7)
     ChannelHealth.objects.create(
         channel="email",
@@ -273,6 +274,8 @@ def test_kpis_list_open_channels_with_since_when_the_last_class_and_the_rows_wai
         probes=2,
     )
     ChannelHealth.objects.create(channel="email", endpoint="old-relay:25", state="closed")
+    # The relay used before this one, still open when it was replaced: nothing goes there.
+    ChannelHealth.objects.create(channel="email", endpoint="older-relay:25", state="open", opened_at=opened)
     (channel,) = kpis_compute(now=NOW)["channels"]
     assert channel == {
         "channel": "email",

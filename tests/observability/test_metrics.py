@@ -11,7 +11,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from notifications import metrics
-from notifications.models import ChannelHealth, Notification
+from notifications.models import ChannelHealth, Notification, SmtpConfiguration
 from sites.models import Site, SiteHeartbeat
 from tests.dispatch.conftest import queue, run_pass
 
@@ -99,7 +99,10 @@ def test_gauges_match_the_database(db, settings):
     Notification.objects.filter(pk=old.pk).update(
         created_at=timezone.now() - timedelta(seconds=settings.OUTBOX_STUCK_AGE + 120)
     )
+    SmtpConfiguration.objects.create(host="smtp.example.com", port=25, from_address="outbox@example.com")
     ChannelHealth.objects.create(channel="email", endpoint="smtp.example.com:25", state=ChannelHealth.State.OPEN)
+    # An endpoint no longer configured (the relay was replaced) counts for nothing.
+    ChannelHealth.objects.create(channel="teams", endpoint="old", state=ChannelHealth.State.OPEN)
 
     values = scrape()
     assert values[("outbox_queue_depth", (("site", "plant-a"),))] == 4
@@ -115,6 +118,7 @@ def test_gauges_match_the_database(db, settings):
     assert values[("outbox_site_backlog", (("site", "plant-c"),))] == 42
     assert ("outbox_site_backlog", (("site", "plant-a"),)) not in values  # never heard from
     assert values[("outbox_channel_open", (("channel", "email"),))] == 1
+    assert values[("outbox_channel_open", (("channel", "teams"),))] == 0
     assert (
         sum(v for (name, _), v in values.items() if name == "outbox_queue_depth")
         == Notification.objects.filter(status__in=Notification.NON_TERMINAL).count()

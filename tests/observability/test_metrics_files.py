@@ -113,7 +113,9 @@ def test_ended_processes_files_merge_into_one_archive_and_the_totals_stay_the_sa
         assert result.processes == set(ended) and result.unreadable == []
         assert files(tmp_path) == ARCHIVES | own_files(alive.pid)
         after = totals(tmp_path)
-        assert after == pytest.approx({**before, WAITING: 10})  # the same totals (sums of floats in another order); the live gauge counts the live one
+        assert after == pytest.approx(
+            {**before, WAITING: 10}
+        )  # the same totals (sums of floats in another order); the live gauge counts the live one
 
         # More processes end; the next compaction adds them to the archive.
         ended += [count(tmp_path, 4), count(tmp_path, 5)]

@@ -21,8 +21,13 @@ tests/support/smtp.py) through ``relayhost``.
 
 Options (keyword arguments of :class:`PostfixRelay`): ``recipient_limit`` (50, Postfix's
 ``smtpd_recipient_limit``), ``message_size_limit`` (10 MB), ``reject_non_fqdn_helo`` (False:
-with True, ``smtpd_helo_restrictions = reject_non_fqdn_helo_hostname``), ``extra`` (more
-main.cf parameters, a dict).
+with True, ``smtpd_helo_restrictions = reject_non_fqdn_helo_hostname``), ``policy`` (a
+:class:`PolicyService`: every recipient is checked with ``check_policy_service`` first),
+``extra`` (more main.cf parameters, a dict).
+
+    with PolicyService() as policy, PostfixRelay(sink=sink, policy=policy) as relay:
+        policy.action = "451 4.3.5 Policy service unavailable"   # every RCPT TO answered so
+        policy.action = "DUNNO"                                  # no opinion: relayed again
 
 Needs Debian's ``postfix``, ``sasl2-bin`` and ``libsasl2-modules`` and root (Postfix's master
 runs as root and drops to the ``postfix`` user). :func:`postfix_or_skip` skips a test with the
@@ -31,8 +36,10 @@ reason when Postfix is not installed, unless CI=true is set: then a missing Post
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Self
@@ -71,6 +78,59 @@ def postfix_or_skip() -> None:
     pytest.skip(reason)
 
 
+class PolicyService:
+    """A Postfix policy delegation server on loopback (the protocol of Postfix's
+    SMTPD_POLICY_README: a request is ``name=value`` lines ended by an empty line, the answer
+    ``action=…`` and an empty line; a connection carries many requests). It answers every
+    request with ``action``, which a test may change at any time; ``requests`` counts them."""
+
+    def __init__(self) -> None:
+        self.action = "DUNNO"
+        self.requests = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> Self:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            while not self._closed.is_set():
+                request = []
+                for raw in lines:
+                    line = raw.rstrip(b"\r\n")
+                    if not line:
+                        break
+                    request.append(line)
+                else:
+                    return  # Postfix closed the connection
+                with self._lock:
+                    self.requests += 1
+                    action = self.action
+                conn.sendall(f"action={action}\n\n".encode())
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class PostfixRelay:
     """A Postfix instance relaying to ``sink``; a context manager (start/stop)."""
 
@@ -83,6 +143,7 @@ class PostfixRelay:
         recipient_limit: int = 50,
         message_size_limit: int = 10_000_000,
         reject_non_fqdn_helo: bool = False,
+        policy: PolicyService | None = None,
         extra: dict[str, str] | None = None,
     ) -> None:
         self.sink = sink
@@ -92,6 +153,7 @@ class PostfixRelay:
         self.recipient_limit = recipient_limit
         self.message_size_limit = message_size_limit
         self.reject_non_fqdn_helo = reject_non_fqdn_helo
+        self.policy = policy
         self.extra = extra or {}
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.root = Path()
@@ -279,7 +341,10 @@ class PostfixRelay:
             "smtpd_sasl_local_domain": REALM,
             "smtpd_sasl_security_options": "noanonymous",
             "smtpd_relay_restrictions": "permit_sasl_authenticated, reject",
-            "smtpd_recipient_restrictions": "permit_sasl_authenticated, reject",
+            "smtpd_recipient_restrictions": (
+                f"check_policy_service inet:127.0.0.1:{self.policy.port}, " if self.policy else ""
+            )
+            + "permit_sasl_authenticated, reject",
             "smtpd_helo_required": "yes",
             "smtpd_helo_restrictions": "reject_non_fqdn_helo_hostname" if self.reject_non_fqdn_helo else "",
             "smtpd_recipient_limit": str(self.recipient_limit),

@@ -41,6 +41,7 @@ class Received:
     body: bytes
     verified: bool | None = None  # webhook receivers: did the signature verify?
     query: str = ""  # the request target's query string, as sent
+    status: int | None = None  # the status it was answered with
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -74,6 +75,7 @@ class Receiver:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 record = Received("POST", target.path, headers, body, query=target.query)
                 reply = receiver.handle(record)
+                record.status = reply.status
                 with receiver.arrived:
                     receiver.received.append(record)
                     receiver.arrived.notify_all()
@@ -146,6 +148,19 @@ class Receiver:
         with self._lock:
             return collections.Counter(
                 record.headers.get("webhook-id") for record in self.received if record.verified is not False
+            )
+
+    def accepted_by_notification_id(self, path: str | None = None) -> "collections.Counter[str | None]":
+        """Requests answered 2xx per ``webhook-id`` header (to ``path`` only, if given): what a
+        receiver that refused some requests (5xx, a scripted outage) actually took."""
+        with self._lock:
+            return collections.Counter(
+                record.headers.get("webhook-id")
+                for record in self.received
+                if record.verified is not False
+                and record.status is not None
+                and 200 <= record.status < 300
+                and (path is None or record.path == path)
             )
 
     def reset(self) -> None:

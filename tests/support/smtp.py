@@ -20,6 +20,8 @@
         smtp.rcpt_limit = 50                         # 452 4.5.3 for the 51st RCPT TO of a transaction
         smtp.too_many_reply = "552 5.5.3 Too many"   # … or this reply instead
         smtp.greylist = {"b@x.org"}                  # 450 4.7.1 at its first RCPT TO, accepted after
+        smtp.rcpt_reply = "451 4.3.5 Server configuration problem"  # this answer to every RCPT TO
+        smtp.rcpt_replies = {"b@x.org": "450 4.2.0 Greylisted"}    # this answer to these recipients
         smtp.copies_by_recipient()                  # Counter: messages received per envelope recipient
 
 Options: ``pipelining=True`` advertises PIPELINING (RFC 2920: clients then write MAIL FROM,
@@ -115,6 +117,9 @@ class _Handler:
             return owner.too_many_reply
         if owner.mode == "refuse" and address.lower() in owner.refuse:
             return f"{owner.refuse_code} mailbox unavailable"
+        answer = owner.rcpt_replies.get(address.lower(), owner.rcpt_reply)
+        if answer:
+            return answer
         with owner._lock:
             greylisted = address.lower() in owner.greylist and address.lower() not in owner.greylisted
             if greylisted:
@@ -217,6 +222,9 @@ class SmtpServer:
         self.too_many = 0  # RCPT TO answered 452 4.5.3
         self.greylist: set[str] = set()  # refused with 450 4.7.1 the first time, lower-case
         self.greylisted: set[str] = set()  # those refused once already
+        # A relay whose lookup table or policy service is down answers every recipient alike.
+        self.rcpt_reply: str | None = None
+        self.rcpt_replies: dict[str, str] = {}  # per recipient (lower-case)
         self.accepted_times: list[float] = []
         self.deferred: collections.Counter[str | None] = collections.Counter()  # by mode fail_first
         self.received: list[Received] = []
