@@ -38,7 +38,7 @@ from notifications.ingest import (
     rejection_invalid,
 )
 from notifications.kpis import kpis_compute
-from notifications.models import Notification
+from notifications.models import PRIORITY_NAMES, Notification
 from notifications.operations import notification_act
 from notifications.vocabulary import TYPE_CHOICES, TargetOutcome
 from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffKeyAuthentication
@@ -105,6 +105,15 @@ def _notification_in_fields() -> dict[str, serializers.Field]:
             fields[name] = serializers.DateTimeField(
                 required=False, allow_null=True, help_text="With a timezone. Default: the ingest time."
             )
+        elif name == "priority":
+            fields[name] = serializers.ChoiceField(
+                choices=PRIORITY_NAMES,
+                default="normal",
+                required=False,
+                allow_null=True,
+                help_text="Dispatch takes higher priorities first; high and critical also mark an email important. "
+                "Critical notifications draw on a rate budget of their own (docs/api.md).",
+            )
         else:
             raise ImproperlyConfigured(f"the API does not describe the submitted field {name!r}")
     return fields
@@ -130,6 +139,7 @@ class StatusRecordSerializer(serializers.Serializer):
     type = serializers.CharField()
     list_name = serializers.CharField()
     status = serializers.ChoiceField(choices=Notification.Status.choices)
+    priority = serializers.ChoiceField(choices=PRIORITY_NAMES)
     retry_count = serializers.IntegerField()
     last_error = serializers.CharField(
         allow_blank=True,
@@ -205,14 +215,18 @@ class StrictFilterForm(forms.Form):
 class NotificationFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=Notification.Status.choices)
     type = django_filters.ChoiceFilter(choices=TYPE_CHOICES)
+    priority = django_filters.ChoiceFilter(choices=[(name, name) for name in PRIORITY_NAMES], method="priority_named")
     list_name = django_filters.CharFilter()
     created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Notification
-        fields = ["status", "type", "list_name", "created_after", "created_before"]
+        fields = ["status", "type", "priority", "list_name", "created_after", "created_before"]
         form = StrictFilterForm
+
+    def priority_named(self, queryset: Any, name: str, value: str) -> Any:
+        return queryset.filter(priority=Notification.Priority.named(value))
 
 
 class NewestFirstCursorPagination(CursorPagination):

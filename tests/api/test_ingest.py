@@ -36,6 +36,7 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "type",
         "list_name",
         "status",
+        "priority",
         "retry_count",
         "last_error",
         "site_enqueued_at",
