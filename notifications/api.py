@@ -44,6 +44,7 @@ from notifications.vocabulary import TYPE_CHOICES, TargetOutcome
 from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffKeyAuthentication
 from sites.models import Site
 from sites.services import site_kpis_add
+from sites.throttling import site_notifications_throttle
 
 # --- errors ---------------------------------------------------------------------------------
 
@@ -270,6 +271,8 @@ class NotificationCollectionView(ListAPIView):
     filterset_class = NotificationFilter
     pagination_class = NewestFirstCursorPagination
     filter_backends = [django_filters.rest_framework.DjangoFilterBackend]
+    # A post draws from the notification budgets itself (per notification); a read one read token.
+    site_rate_scope = {"POST": None}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):  # schema generation has no site
@@ -301,6 +304,7 @@ class NotificationCollectionView(ListAPIView):
         },
     )
     def post(self, request: Request) -> Response:
+        site_notifications_throttle(site=_site(request), items=[request.data])
         site_id = _site(request).site_id
         item, rejection = notification_validate(request.data, site_id=site_id)
         if rejection is not None:
@@ -314,6 +318,8 @@ class NotificationCollectionView(ListAPIView):
 
 
 class NotificationBatchView(APIView):
+    site_rate_scope = None  # draws from the notification budgets itself: one token per item
+
     @extend_schema(
         # Items are validated one by one and rejected individually (docs/api.md), so the
         # envelope accepts any JSON value per item; each should be a NotificationIn.
@@ -343,6 +349,7 @@ class NotificationBatchView(APIView):
             return _invalid({"notifications": [f"At most {limit} notifications per batch (got {len(items)})."]})
         if set(data) - {"notifications"}:
             return _invalid({name: ["Unknown field."] for name in sorted(set(data) - {"notifications"})})
+        site_notifications_throttle(site=_site(request), items=items)
 
         site_id = _site(request).site_id
         results: list[dict[str, Any]] = [{} for _ in items]
