@@ -166,6 +166,7 @@ class DueTime(Func):
 DUE_TIME_SQL = "COALESCE(next_attempt_at, '-infinity'::timestamptz)"
 # The claim index's key columns, in its order: one key per (site, priority, channel).
 CLAIM_KEY_COLUMNS = ("source_site_id", "priority", "type")
+CLAIM_INCLUDED = ("list_name",)
 
 
 class ClaimIndex(Index):
@@ -174,11 +175,20 @@ class ClaimIndex(Index):
     SQLite has no use for the expression (it sorts NULL first): there the plain columns."""
 
     def __init__(self, *, name: str, condition: Q | None = None) -> None:
-        super().__init__(*(F(column) for column in CLAIM_KEY_COLUMNS), DueTime(), name=name, condition=condition)
+        # The list name rides along (INCLUDE) for the KPIs' deliveries per site: the open rows
+        # by site, channel and list, read from the index alone where PostgreSQL can.
+        super().__init__(
+            *(F(column) for column in CLAIM_KEY_COLUMNS),
+            DueTime(),
+            name=name,
+            condition=condition,
+            include=CLAIM_INCLUDED,
+        )
 
     def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         path, _, kwargs = super().deconstruct()
         kwargs.pop("expressions", None)
+        kwargs.pop("include", None)
         return path, (), kwargs
 
     def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
@@ -186,6 +196,27 @@ class ClaimIndex(Index):
             plain = Index(fields=[*CLAIM_KEY_COLUMNS, "next_attempt_at"], name=self.name, condition=self.condition)
             return plain.create_sql(model, schema_editor, using=using, **kwargs)
         return super().create_sql(model, schema_editor, using=using, **kwargs)
+
+
+def claim_keys_cte(open_rows: str) -> str:
+    """``keys(s, p, t)`` (for a ``WITH RECURSIVE``): every (site, priority, channel) with open
+    rows, one probe of the claim index each — a recursive "loose index scan", each step taking
+    the first key after the last one found. ``open_rows``: the open-row condition on alias
+    ``o`` (the index's predicate, so that the index serves it). There are tens of keys, never
+    millions."""
+    site, priority, channel = CLAIM_KEY_COLUMNS
+    table = "notifications_notification"
+    first = (
+        f"SELECT {site} AS s, {priority} AS p, {channel} AS t FROM {table} AS o WHERE {open_rows} "
+        f"ORDER BY {site}, {priority}, {channel} LIMIT 1"
+    )
+    following = (
+        f"SELECT {site} AS s, {priority} AS p, {channel} AS t FROM {table} AS o WHERE {open_rows} "
+        f"AND ({site}, {priority}, {channel}) > (k.s, k.p, k.t) ORDER BY {site}, {priority}, {channel} LIMIT 1"
+    )
+    return (
+        f"keys AS (({first}) UNION ALL SELECT nk.s, nk.p, nk.t FROM keys AS k CROSS JOIN LATERAL ({following}) AS nk)"
+    )
 
 
 # --- rows by primary key ------------------------------------------------------------------------

@@ -188,25 +188,6 @@ def _of_key(alias: str, key: str) -> str:
     return f"{site} = {key}.s AND {priority} = {key}.p AND {channel} = {key}.t"
 
 
-def _keys_cte() -> str:
-    """``keys(s, p, t)``: every (site, priority, channel) with open rows, one probe of the
-    claim index each (a recursive loose index scan: each step takes the next key after the
-    last one found)."""
-    table = _table()
-    site, priority, channel = (_column(name) for name in db.CLAIM_KEY_COLUMNS)
-    first = (
-        f"SELECT {site} AS s, {priority} AS p, {channel} AS t FROM {table} AS o WHERE {_open('o')} "
-        f"ORDER BY {site}, {priority}, {channel} LIMIT 1"
-    )
-    following = (
-        f"SELECT {site} AS s, {priority} AS p, {channel} AS t FROM {table} AS o WHERE {_open('o')} "
-        f"AND ({site}, {priority}, {channel}) > (k.s, k.p, k.t) ORDER BY {site}, {priority}, {channel} LIMIT 1"
-    )
-    return (
-        f"keys AS (({first}) UNION ALL SELECT nk.s, nk.p, nk.t FROM keys AS k CROSS JOIN LATERAL ({following}) AS nk)"
-    )
-
-
 def _due_rows(key: str, limit: str) -> str:
     """The due, unleased rows of key ``key`` in due order, at most ``limit``, locked and
     skipping rows another worker holds (so that two claims at once read past each other's
@@ -275,7 +256,7 @@ def _claim_sql(*, fair: bool) -> str:
     ids_type = f"{Notification._meta.pk.db_type(connection)}[]"
     returned = ", ".join(f"n.{_column(name)}" for name in CLAIM_FIELDS if name not in ("claimed_by", "claimed_until"))
     return (
-        f"WITH RECURSIVE {_keys_cte()}, "
+        f"WITH RECURSIVE {db.claim_keys_cte(_open('o'))}, "
         "open_keys AS (SELECT s, p, t FROM keys WHERE t <> ALL(%(closed)s::text[])), "
         f"{_candidates_fair() if fair else _candidates_oldest()}, "
         f"in_caps AS (SELECT e.*, row_number() OVER (PARTITION BY e.t ORDER BY {order}) AS type_rank "
@@ -298,7 +279,7 @@ def _claim_sql(*, fair: bool) -> str:
 def _first_due_sql() -> str:
     """Per key, the due time of its first unleased row (NULL: due at once)."""
     return (
-        f"WITH RECURSIVE {_keys_cte()} SELECT k.t, f.due FROM keys AS k CROSS JOIN LATERAL ("
+        f"WITH RECURSIVE {db.claim_keys_cte(_open('o'))} SELECT k.t, f.due FROM keys AS k CROSS JOIN LATERAL ("
         f"SELECT n.{_column('next_attempt_at')} AS due FROM {_table()} AS n WHERE {_of_key('n', 'k')} "
         f"AND {_unleased('n')} ORDER BY {_due('n')} LIMIT 1) AS f"
     )
@@ -307,7 +288,7 @@ def _first_due_sql() -> str:
 @cache
 def _due_exists_sql() -> str:
     return (
-        f"WITH RECURSIVE {_keys_cte()} SELECT EXISTS (SELECT 1 FROM keys AS k "
+        f"WITH RECURSIVE {db.claim_keys_cte(_open('o'))} SELECT EXISTS (SELECT 1 FROM keys AS k "
         f"CROSS JOIN LATERAL ({_first_due_row('k')}) AS f)"
     )
 
