@@ -178,25 +178,6 @@ def test_a_burst_smaller_than_the_largest_batch_stops_the_server_at_start_naming
     assert "OUTBOX_SITE_RATE_BURST" in error and "OUTBOX_BATCH_MAX_ITEMS" in error
 
 
-def test_the_site_form_refuses_a_burst_smaller_than_the_largest_batch(admin_client, site):
-    response = admin_client.post(
-        f"/admin/sites/site/{site.pk}/change/",
-        {
-            "site_id": site.site_id,
-            "name": site.name,
-            "active": "on",
-            "created_at_0": "2026-01-01",
-            "created_at_1": "00:00:00",
-            "rate_limit": "500",
-            "rate_burst": "20",
-        },
-    )
-    assert response.status_code == 200
-    assert "at least the largest batch" in response.content.decode()
-    site.refresh_from_db()
-    assert (site.rate_limit, site.rate_burst) == (None, None)
-
-
 @pytest.mark.parametrize(
     "given, field",
     [({"rate_limit": -1}, "rate_limit"), ({"rate_limit": "fast"}, "rate_limit"), ({"rate_burst": 10}, "rate_burst")],
