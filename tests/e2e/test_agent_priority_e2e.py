@@ -3,6 +3,8 @@ rate limit the site has used up. The agent waits out the 429 for its ordinary no
 (nothing counted, nothing parked) while its critical notification goes through at once; then
 the ordinary ones follow. PostgreSQL only (several processes)."""
 
+import uuid
+
 import pytest
 
 from notifications.models import Notification
@@ -50,3 +52,27 @@ def test_the_agent_waits_out_a_429_for_ordinary_rows_while_a_critical_row_goes_t
         )
     assert Notification.objects.filter(source_site_id="plant-e2e").count() == 31
     assert outbox.stats() == {"buffered": 0, "parked": 0}
+
+
+def test_a_buffer_written_by_an_old_agent_is_forwarded_by_the_new_one_and_accepted_as_normal(
+    transactional_db, postgres_only, tmp_path
+):
+    from tests.agent.test_priority import OLD_FORWARDING, build_agent_0_3_buffer
+
+    site = Site.objects.create(site_id="plant-e2e", name="Plant E2E")
+    _, key = site_key_issue(site=site)
+    buffer_path = tmp_path / "buffer.sqlite3"
+    build_agent_0_3_buffer(buffer_path)  # agent 0.3's schema and payloads: no priority anywhere
+    with Central(workers=1) as central:
+        outbox = SiteOutbox(buffer_path, central.url, key, retry_interval=0)
+        trip = outbox.notify("Operators").send("Boiler 2 trip", "", priority="critical")
+        poll(
+            lambda: outbox.forward_once() is not None and outbox.stats()["buffered"] == 0,
+            timeout=30,
+            interval=0.2,
+            message=f"the upgraded buffer did not drain: {outbox.stats()}",
+        )
+        assert outbox.stats() == {"buffered": 0, "parked": 1}  # the row 0.3 had parked stays parked there
+    stored = {row.pk: row for row in Notification.objects.filter(source_site_id="plant-e2e")}
+    assert stored[uuid.UUID(OLD_FORWARDING)].priority == Notification.Priority.NORMAL
+    assert stored[uuid.UUID(trip)].priority == Notification.Priority.CRITICAL
