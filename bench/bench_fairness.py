@@ -246,7 +246,7 @@ def latencies(ids: list[str]) -> list[float]:
     from notifications.models import Notification
 
     rows = Notification.objects.filter(pk__in=ids, delivered_at__isnull=False).values_list("created_at", "delivered_at")
-    return sorted((delivered - created).total_seconds() for created, delivered in rows)
+    return sorted((delivered - created).total_seconds() for created, delivered in rows if delivered is not None)
 
 
 def flood_rate(ids: list[str]) -> float:

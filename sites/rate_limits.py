@@ -29,11 +29,12 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Field
 
 from notifications.db import database_now
 from sites.models import Site, SiteRateBucket
@@ -193,7 +194,14 @@ def bucket_take(*, site: Site, scope: str, need: float, want: float, budget: Bud
     """Take ``want`` tokens (or, if fewer are left, ``need``) from ``site``'s shared bucket
     ``scope`` after refilling it: ``(tokens taken, 0)``, or ``(None, seconds until need is
     there)`` when even ``need`` is not. A bucket used for the first time starts full."""
-    params = {"site": site.pk, "scope": scope, "need": need, "want": want, "rate": budget.rate, "burst": budget.burst}
+    params: dict[str, Any] = {
+        "site": site.pk,
+        "scope": scope,
+        "need": need,
+        "want": want,
+        "rate": budget.rate,
+        "burst": budget.burst,
+    }
     if connection.vendor != "postgresql":
         return _bucket_take_portable(site=site, scope=scope, need=need, want=want, budget=budget)
     with connection.cursor() as cursor:
@@ -255,7 +263,7 @@ def site_rate_problems(*, rate_limit: Any, rate_burst: Any) -> dict[str, str]:
 
 def _field_problems(name: str, value: Any) -> str:
     try:
-        Site._meta.get_field(name).run_validators(value)
+        cast(Field, Site._meta.get_field(name)).run_validators(value)
     except ValidationError as error:
         return " ".join(error.messages)
     return ""

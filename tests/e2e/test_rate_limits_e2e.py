@@ -4,6 +4,7 @@ PostgreSQL only (several processes)."""
 
 import http.client
 import json
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from tests.support.processes import Central
 
 pytestmark = pytest.mark.slow
 
-LIMITS = {
+LIMITS: dict[str, Any] = {
     "OUTBOX_BATCH_MAX_ITEMS": 100,
     "OUTBOX_SITE_RATE_LIMIT": 0.01,  # nothing comes back during the test
     "OUTBOX_SITE_RATE_BURST": 100,
