@@ -205,17 +205,20 @@ def bucket_take(*, site: Site, scope: str, need: float, want: float, budget: Bud
     if connection.vendor != "postgresql":
         return _bucket_take_portable(site=site, scope=scope, need=need, want=want, budget=budget)
     with connection.cursor() as cursor:
-        for _ in range(2):
+        for _ in range(3):
             cursor.execute(_TAKE_SQL, params)
             row = cursor.fetchone()
             if row is not None:
                 return float(row[0]), 0.0
             cursor.execute(_AVAILABLE_SQL, params)
             available = cursor.fetchone()
-            if available is not None:
+            if available is None:
+                _bucket_create(site=site, scope=scope, budget=budget)
+            elif float(available[0]) < need:
                 return None, (need - float(available[0])) / budget.rate
-            _bucket_create(site=site, scope=scope, budget=budget)
-    return None, 1.0 / budget.rate  # pragma: no cover - created and emptied between two statements
+            # else the bucket was created by another process between the two statements: again
+    # Tokens there, and taken by others each time we tried: come back in a moment.
+    return None, 1.0 / budget.rate
 
 
 def _bucket_create(*, site: Site, scope: str, budget: Budget) -> None:

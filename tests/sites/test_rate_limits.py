@@ -209,3 +209,34 @@ def test_the_configuration_file_sets_and_exports_a_sites_own_limit(db):
     site.refresh_from_db()
     assert (site.rate_limit, site.rate_burst) == (None, None)
     assert configuration_export()["sites"] == [{"site_id": "plant-a", "name": "Plant A", "active": True}]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="several connections at once")
+def test_the_first_draws_of_many_processes_at_once_all_get_tokens(transactional_db):
+    # The bucket is created by one of them while the others look for it: none may take the
+    # moment it did not exist for a refusal (found by eight concurrent posts of one id).
+    import threading
+
+    from sites.rate_limits import Budget, bucket_take
+
+    site = Site.objects.create(site_id="plant-a", name="Plant A")
+    for _ in range(10):
+        SiteRateBucket.objects.all().delete()
+        barrier = threading.Barrier(8)
+        answers = []
+
+        def take(barrier, answers):
+            barrier.wait()
+            try:
+                answers.append(
+                    bucket_take(site=site, scope="notifications", need=1, want=11, budget=Budget(rate=100, burst=5000))
+                )
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=take, args=(barrier, answers)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [granted for granted, _ in answers] == [11.0] * 8
