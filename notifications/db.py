@@ -65,7 +65,8 @@ def read_in_index_order() -> None:
     rather than collect them and sort them (``enable_sort`` off, transaction-local:
     ``set_config(…, true)``, like ``SET LOCAL``, so it never outlives the transaction on a pooled
     connection, PgBouncer's transaction mode included). For the claim and the wake-time query,
-    which take the first rows of the due index in its order. SQLite has no such choice.
+    which take the first rows of each key of the claim index in its order (the measurements
+    below were of the due index it replaced, read the same way). SQLite has no such choice.
 
     Measured need: statistics taken before a backlog arrived (a burst smaller than
     autovacuum's analyze threshold, a tenth of the table, never refreshes them) put every
