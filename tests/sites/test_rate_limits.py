@@ -223,7 +223,7 @@ def test_the_first_draws_of_many_processes_at_once_all_get_tokens(transactional_
     for _ in range(10):
         SiteRateBucket.objects.all().delete()
         barrier = threading.Barrier(8)
-        answers = []
+        answers: list[tuple[float | None, float]] = []
 
         def take(barrier, answers):
             barrier.wait()
