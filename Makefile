@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-peers bench-purge bench-console bench-agent bench-webhooks bench-login-flood bench-recovery chaos chaos-short check clean screenshots \
+.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-peers bench-purge bench-console bench-agent bench-webhooks bench-login-flood bench-recovery bench-fairness chaos chaos-short check clean screenshots \
         agent-dist test-agent-pythons
 
 help:
@@ -122,6 +122,11 @@ bench-login-flood: $(STAMP)
 bench-recovery: $(STAMP)
 	$(PY) bench/bench_recovery.py
 
+# A flood of 20,000 notifications from one site while two others send critical and normal ones:
+# their delivery latency, fairness on and off, and the flood refused at the default limits.
+bench-fairness: $(STAMP)
+	$(PY) bench/bench_fairness.py
+
 # Every bench-* target runs even when an earlier one misses its target; the summary says.
 bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
@@ -134,6 +139,7 @@ bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-webhooks
 	-$(MAKE) --no-print-directory bench-login-flood
 	-$(MAKE) --no-print-directory bench-recovery
+	-$(MAKE) --no-print-directory bench-fairness
 	$(PY) bench/summary.py
 
 # The site agent: one-file zipapp and wheel in dist/ (standard library only, no venv needed).

@@ -7,7 +7,9 @@ NOOP, QUIT) for smtplib, so a benchmark measures the sender, not the sink.
     python -m bench.sink --port 2526 --ids-file ids.txt   # prints "ready"; ids written on SIGTERM
 
 With ``--delay-ms N`` every message is answered N ms after its end (the pace of a real relay;
-other connections are served meanwhile). With ``--fail-first`` the first DATA of every X-Notification-Id is answered
+other connections are served meanwhile). With ``--by-recipient`` each accepted message is
+written once per envelope recipient, as ``<id> <recipient>`` (so that "exactly once" can be
+checked per member of a list, not only per notification). With ``--fail-first`` the first DATA of every X-Notification-Id is answered
 ``451 4.3.0 try again later`` (a transient failure the dispatcher retries); later ones are
 accepted. Only accepted messages are written to the ids file.
 """
@@ -24,9 +26,15 @@ ID_HEADER = re.compile(rb"^X-Notification-Id:\s*(\S+)\s*$", re.IGNORECASE | re.M
 
 class SinkProtocol(asyncio.Protocol):
     def __init__(
-        self, counts: Counter[str | None], deferred: set[str | None] | None = None, delay: float = 0.0
+        self,
+        counts: Counter[str | None],
+        deferred: set[str | None] | None = None,
+        delay: float = 0.0,
+        by_recipient: bool = False,
     ) -> None:
         self.counts = counts
+        self.by_recipient = by_recipient
+        self.recipients: list[str] = []  # of the transaction under way (--by-recipient)
         self.delay = delay  # seconds before a message's reply (--delay-ms)
         self.replied_late = False
         self.deferred = deferred  # ids already answered 451 once (--fail-first), else None
@@ -62,7 +70,11 @@ class SinkProtocol(asyncio.Protocol):
                     self.deferred.add(notification_id)
                     replies.append(b"451 4.3.0 try again later")
                 else:
-                    self.counts[notification_id] += 1
+                    if self.by_recipient:
+                        for recipient in self.recipients:
+                            self.counts[f"{notification_id} {recipient}"] += 1
+                    else:
+                        self.counts[notification_id] += 1
                     replies.append(b"250 2.0.0 queued")
                     self.replied_late = self.delay > 0
                 continue
@@ -74,6 +86,10 @@ class SinkProtocol(asyncio.Protocol):
             if verb == b"EHLO":
                 replies.append(b"250-sink\r\n250-PIPELINING\r\n250 8BITMIME")
             elif verb in (b"HELO", b"MAIL", b"RCPT", b"RSET", b"NOOP"):
+                if verb in (b"MAIL", b"RSET"):
+                    self.recipients = []
+                elif verb == b"RCPT":
+                    self.recipients.append(line[8:].strip(b" <>").decode("utf-8", "replace"))
                 replies.append(b"250 OK")
             elif verb == b"DATA":
                 self.in_data = True
@@ -96,12 +112,14 @@ class SinkProtocol(asyncio.Protocol):
             self.transport.write(data)
 
 
-async def serve(port: int, ids_file: str, *, fail_first: bool = False, delay_ms: float = 0.0) -> None:
+async def serve(
+    port: int, ids_file: str, *, fail_first: bool = False, delay_ms: float = 0.0, by_recipient: bool = False
+) -> None:
     counts: Counter[str | None] = Counter()
     deferred: set[str | None] | None = set() if fail_first else None
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: SinkProtocol(counts, deferred, delay_ms / 1000), "127.0.0.1", port, backlog=512
+        lambda: SinkProtocol(counts, deferred, delay_ms / 1000, by_recipient), "127.0.0.1", port, backlog=512
     )
     stopped = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -120,8 +138,13 @@ def main() -> None:
     parser.add_argument("--ids-file", required=True)
     parser.add_argument("--fail-first", action="store_true", help="defer the first try of every message (451)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="answer each message this late (ms)")
+    parser.add_argument("--by-recipient", action="store_true", help="write '<id> <recipient>' per recipient")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.ids_file, fail_first=args.fail_first, delay_ms=args.delay_ms))
+    asyncio.run(
+        serve(
+            args.port, args.ids_file, fail_first=args.fail_first, delay_ms=args.delay_ms, by_recipient=args.by_recipient
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,12 +38,13 @@ from notifications.ingest import (
     rejection_invalid,
 )
 from notifications.kpis import kpis_compute
-from notifications.models import Notification
+from notifications.models import PRIORITY_NAMES, Notification
 from notifications.operations import notification_act
 from notifications.vocabulary import TYPE_CHOICES, TargetOutcome
 from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffKeyAuthentication
 from sites.models import Site
 from sites.services import site_kpis_add
+from sites.throttling import site_notifications_throttle
 
 # --- errors ---------------------------------------------------------------------------------
 
@@ -105,6 +106,15 @@ def _notification_in_fields() -> dict[str, serializers.Field]:
             fields[name] = serializers.DateTimeField(
                 required=False, allow_null=True, help_text="With a timezone. Default: the ingest time."
             )
+        elif name == "priority":
+            fields[name] = serializers.ChoiceField(
+                choices=PRIORITY_NAMES,
+                default="normal",
+                required=False,
+                allow_null=True,
+                help_text="Dispatch takes higher priorities first; high and critical also mark an email important. "
+                "Critical notifications draw on a rate budget of their own (docs/api.md).",
+            )
         else:
             raise ImproperlyConfigured(f"the API does not describe the submitted field {name!r}")
     return fields
@@ -135,6 +145,7 @@ class StatusRecordSerializer(serializers.Serializer):
     type = serializers.CharField()
     list_name = serializers.CharField()
     status = serializers.ChoiceField(choices=Notification.Status.choices)
+    priority = serializers.ChoiceField(choices=PRIORITY_NAMES)
     retry_count = serializers.IntegerField()
     last_error = serializers.CharField(
         allow_blank=True,
@@ -210,14 +221,18 @@ class StrictFilterForm(forms.Form):
 class NotificationFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=Notification.Status.choices)
     type = django_filters.ChoiceFilter(choices=TYPE_CHOICES)
+    priority = django_filters.ChoiceFilter(choices=[(name, name) for name in PRIORITY_NAMES], method="priority_named")
     list_name = django_filters.CharFilter()
     created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Notification
-        fields = ["status", "type", "list_name", "created_after", "created_before"]
+        fields = ["status", "type", "priority", "list_name", "created_after", "created_before"]
         form = StrictFilterForm
+
+    def priority_named(self, queryset: Any, name: str, value: str) -> Any:
+        return queryset.filter(priority=Notification.Priority.named(value))
 
 
 class NewestFirstCursorPagination(CursorPagination):
@@ -261,6 +276,8 @@ class NotificationCollectionView(ListAPIView):
     filterset_class = NotificationFilter
     pagination_class = NewestFirstCursorPagination
     filter_backends = [django_filters.rest_framework.DjangoFilterBackend]
+    # A post draws from the notification budgets itself (per notification); a read one read token.
+    site_rate_scope = {"POST": None}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):  # schema generation has no site
@@ -292,6 +309,7 @@ class NotificationCollectionView(ListAPIView):
         },
     )
     def post(self, request: Request) -> Response:
+        site_notifications_throttle(site=_site(request), items=[request.data])
         site_id = _site(request).site_id
         item, rejection = notification_validate(request.data, site_id=site_id)
         if rejection is not None:
@@ -305,6 +323,8 @@ class NotificationCollectionView(ListAPIView):
 
 
 class NotificationBatchView(APIView):
+    site_rate_scope = None  # draws from the notification budgets itself: one token per item
+
     @extend_schema(
         # Items are validated one by one and rejected individually (docs/api.md), so the
         # envelope accepts any JSON value per item; each should be a NotificationIn.
@@ -334,6 +354,7 @@ class NotificationBatchView(APIView):
             return _invalid({"notifications": [f"At most {limit} notifications per batch (got {len(items)})."]})
         if set(data) - {"notifications"}:
             return _invalid({name: ["Unknown field."] for name in sorted(set(data) - {"notifications"})})
+        site_notifications_throttle(site=_site(request), items=items)
 
         site_id = _site(request).site_id
         results: list[dict[str, Any]] = [{} for _ in items]

@@ -40,6 +40,7 @@ from notifications.policies import delivery_policies_all, delivery_policy_store,
 from notifications.secret_binding import secret_bind, secret_kept_problem
 from notifications.vocabulary import ADAPTER_PATHS
 from sites.models import Site
+from sites.rate_limits import site_rate_problems
 
 SMTP_FIELDS = {
     "host": str,
@@ -71,7 +72,7 @@ SMTP_SECRETS = ("password", "oauth_client_secret")
 SMTP_CREDENTIALS = (*SMTP_SECRETS, "oauth_client_certificate")
 SMTP_REQUIRED = ("host", "from_address")
 LIST_FIELDS = {"name", "description", "recipient_mode", "email", *TARGET_KEYS}
-SITE_FIELDS = {"site_id", "name", "active"}
+SITE_FIELDS = {"site_id", "name", "active", "rate_limit", "rate_burst"}
 SECTIONS = ("smtp", "channels", "policies", "lists", "sites")
 
 
@@ -230,6 +231,8 @@ def _validate_sites(sites: Any, problems: list[str]) -> None:
             problems.append(f"{where}.name: must be a string of at most 200 characters.")
         if "active" in entry and not isinstance(entry["active"], bool):
             problems.append(f"{where}.active: must be true or false.")
+        limits = site_rate_problems(rate_limit=entry.get("rate_limit"), rate_burst=entry.get("rate_burst"))
+        problems += [f"{where}.{field}: {problem}" for field, problem in limits.items()]
 
 
 def configuration_validate(*, data: Any) -> list[str]:
@@ -363,6 +366,8 @@ def _site_import(entry: dict[str, Any]) -> bool:
         site = Site(site_id=entry["site_id"], name=entry.get("name") or entry["site_id"])
     site.name = entry.get("name", site.name) or site.site_id
     site.active = entry.get("active", site.active)
+    site.rate_limit = entry.get("rate_limit", site.rate_limit)
+    site.rate_burst = entry.get("rate_burst", site.rate_burst)
     site.save()
     return created
 
@@ -391,5 +396,10 @@ def configuration_export() -> dict[str, Any]:
             }
         )
     for site in Site.objects.all():
-        data["sites"].append({"site_id": site.site_id, "name": site.name, "active": site.active})
+        entry: dict[str, Any] = {"site_id": site.site_id, "name": site.name, "active": site.active}
+        # A site's own limits only where it has them: the installation's apply to the others.
+        entry.update(
+            {name: getattr(site, name) for name in ("rate_limit", "rate_burst") if getattr(site, name) is not None}
+        )
+        data["sites"].append(entry)
     return data

@@ -12,15 +12,18 @@ Keys of ``type_data`` other than these are stored and ignored by email.
 
 import binascii
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
 
 from notifications.email_address import email_address_control_refusal, email_address_refusal
+from notifications.models import NotificationPriority
 
 FIELDS = ("html", "reply_to", "cc", "priority", "attachments")
 PRIORITIES = ("high", "normal", "low")
+# Not a value of type_data.priority: what a notification of high or critical priority is sent as.
+URGENT = "urgent"
 MAX_REPLY_TO = 10
 MAX_CC = 50
 MAX_ATTACHMENTS = 10
@@ -90,6 +93,17 @@ def email_content_read(type_data: Mapping[str, Any]) -> tuple[EmailContent, dict
     attachments = _attachments(type_data.get("attachments"), errors)
     content = EmailContent(html=html, reply_to=reply_to, cc=cc, priority=priority, attachments=attachments)
     return content, errors
+
+
+def email_content_prioritised(content: EmailContent, *, priority: int) -> EmailContent:
+    """``content`` as the notification's own ``priority`` (a ``Notification.Priority``) marks it:
+    high and critical are sent as urgent (X-Priority 1, Importance high, Priority urgent); a
+    normal one keeps what its ``type_data.priority`` asked for; a low one sets no header."""
+    if priority >= NotificationPriority.HIGH:
+        return replace(content, priority=URGENT)
+    if priority < NotificationPriority.NORMAL and content.priority != "normal":
+        return replace(content, priority="normal")
+    return content
 
 
 def email_type_data_validate(type_data: Mapping[str, Any]) -> dict[str, list[str]]:

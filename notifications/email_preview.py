@@ -10,7 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from notifications.adapters.email_compose import attachment_filename, email_compose, html_sanitise, message_id_for
-from notifications.email_content import email_content_read
+from notifications.email_content import email_content_prioritised, email_content_read
 from notifications.models import Notification, NotificationList, RecipientMode, SmtpConfiguration
 
 NO_CONFIGURATION_FROM = "outbox@smtp-not-configured.invalid"
@@ -40,6 +40,7 @@ def email_preview_build(*, notification: Notification) -> EmailPreview:
     content, problems = email_content_read(notification.type_data or {})
     if problems:
         return EmailPreview(problems=problems)
+    content = email_content_prioritised(content, priority=notification.priority)
     notes: list[str] = []
     config = SmtpConfiguration.current()
     from_address = config.from_address if config else NO_CONFIGURATION_FROM

@@ -28,7 +28,7 @@ from notifications import db
 from notifications.channel_targets import teams_type_data_stored, teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
-from notifications.models import Notification
+from notifications.models import PRIORITY_NAMES, Notification
 from notifications.providers import notification_targets
 from notifications.trigger import dispatch_request
 from notifications.vocabulary import ADAPTER_PATHS, targets_summary
@@ -113,6 +113,7 @@ class NotificationInput:
     source_script: str
     site_enqueued_at: datetime | None  # None: the site did not say; central uses the ingest time
     source_site_id: str
+    priority: int = Notification.Priority.NORMAL
     fingerprint: str = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -120,7 +121,7 @@ class NotificationInput:
         agree on it. Fields are joined with NUL, which validation keeps out of every field,
         so two different submissions cannot produce the same joined text. The site is not
         part of it: a replay is judged against the stored row's site separately."""
-        parts = (
+        parts: tuple[str, ...] = (
             self.type,
             self.list_name,
             self.subject,
@@ -130,6 +131,10 @@ class NotificationInput:
             self.source_script,
             self.site_enqueued_at.isoformat() if self.site_enqueued_at else "",
         )
+        if self.priority != Notification.Priority.NORMAL:
+            # Only a priority other than the default is part of it, so that rows stored before
+            # priorities existed keep their fingerprints and their replays stay replays.
+            parts += (f"priority={Notification.Priority(self.priority).label}",)
         object.__setattr__(self, "fingerprint", hashlib.sha256("\x00".join(parts).encode()).hexdigest())
 
 
@@ -266,6 +271,19 @@ def _type_read(data: dict[str, Any], errors: dict[str, list[str]]) -> Any:
     return type_name
 
 
+def _priority_read(data: dict[str, Any], errors: dict[str, list[str]]) -> int:
+    """The submitted ``priority`` (default: normal); anything but a known name is a problem in
+    ``errors``."""
+    name = data.get("priority")
+    if name is None:
+        return Notification.Priority.NORMAL
+    priority = Notification.Priority.named(name) if isinstance(name, str) else None
+    if priority is None:
+        errors["priority"] = [f"Unknown priority {str(name)[:40]!r}; known priorities: {', '.join(PRIORITY_NAMES)}."]
+        return Notification.Priority.NORMAL
+    return priority
+
+
 def _texts_read(data: dict[str, Any], errors: dict[str, list[str]]) -> dict[str, str | None]:
     """The text fields (TEXT_RULES), normalised, or their defaults; problems in ``errors``."""
     texts: dict[str, str | None] = {}
@@ -325,6 +343,7 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
         errors[str(name)[:100]] = ["Unknown field."]
     notification_id = _notification_id_read(data, errors)
     type_name = _type_read(data, errors)
+    priority = _priority_read(data, errors)
     texts = _texts_read(data, errors)
     type_data = _type_data_read(data, type_name, errors)
     site_enqueued_at = None
@@ -356,6 +375,7 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
             source_script=cast(str, texts["source_script"]),
             site_enqueued_at=site_enqueued_at,
             source_site_id=site_id,
+            priority=priority,
         ),
         None,
     )
@@ -481,6 +501,7 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         "type": notification.type,
         "list_name": notification.list_name,
         "status": notification.status,
+        "priority": Notification.Priority(notification.priority).label,
         "retry_count": notification.retry_count,
         "last_error": notification.last_error if staff else text_site_masked(notification.last_error),
         "site_enqueued_at": _iso(notification.site_enqueued_at),

@@ -21,13 +21,22 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, Value
 from django.utils import timezone
 
+from notifications.backlog import deliveries_queued_by_site, queue_depth_by_priority
 from notifications.counts import counts_fold, counts_kept, failures_since, oldest_queued, open_counts, stuck_counts
 from notifications.health import channels_unhealthy
 from notifications.models import DeliveryAttempt, Notification
 from notifications.vocabulary import FailureClass
 
 Status = Notification.Status
-COUNTS = ("queue_depth", "stuck", "parked", "expired", "delivered_last_interval", "partially_delivered_last_interval")
+COUNTS = (
+    "queue_depth",
+    "stuck",
+    "parked",
+    "expired",
+    "delivered_last_interval",
+    "partially_delivered_last_interval",
+    "deliveries_queued",
+)
 OPEN_COUNTS = ("queue_depth", "stuck", "parked", "expired")
 
 
@@ -38,10 +47,11 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     than OUTBOX_STUCK_AGE, counted from the last operator Retry or Requeue, else from creation),
     parked, expired (the parked ones that were parked for their age), delivered_last_interval
     (within OUTBOX_KPI_INTERVAL), partially_delivered_last_interval (of those, the ones some
-    targets refused for good) and oldest_pending_age_seconds (the oldest non-terminal
-    notification's age; None when none). The global set also holds
+    targets refused for good), deliveries_queued (the waiting notifications times the targets
+    of their lists: notifications.backlog) and oldest_pending_age_seconds (the oldest
+    non-terminal notification's age; None when none). The global set also holds
     failures_last_interval: failed attempts within the interval, per failure class (every
-    class, 0 included). ``channels``: the open or half-open channel endpoints
+    class, 0 included), and queue_depth_by_priority (every priority, 0 included). ``channels``: the open or half-open channel endpoints
     (notifications.health.channels_unhealthy), empty when all are healthy."""
     now = now or timezone.now()
     stuck_before = now - timedelta(seconds=settings.OUTBOX_STUCK_AGE)
@@ -54,6 +64,8 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
         figures = counts.setdefault(row["source_site_id"], dict.fromkeys(COUNTS, 0))
         figures["delivered_last_interval"] += row["delivered"]
         figures["partially_delivered_last_interval"] += row["partial"]
+    for site_id, deliveries in deliveries_queued_by_site().items():
+        counts.setdefault(site_id, dict.fromkeys(COUNTS, 0))["deliveries_queued"] = deliveries
     per_site = {
         site_id: {**figures, "oldest_pending_age_seconds": _age(now, oldest.get(site_id))}
         for site_id, figures in counts.items()
@@ -62,6 +74,7 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     oldest_overall = min((then for then in oldest.values() if then is not None), default=None)
     overall["oldest_pending_age_seconds"] = _age(now, oldest_overall)
     overall["failures_last_interval"] = _failures_since(since)
+    overall["queue_depth_by_priority"] = queue_depth_by_priority(queue_depth=overall["queue_depth"])
     return {
         "global": overall,
         "per_site": dict(sorted(per_site.items())),

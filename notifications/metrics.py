@@ -13,7 +13,7 @@ Two kinds of figures, with their names fixed (dashboards and alert rules use the
   share the directory; a directory of its own per host (a tmpfs such as /run, emptied at
   boot).
 * **Read from the database at scrape time** (:class:`KpiCollector`): ``outbox_queue_depth
-  {site}``, ``outbox_parked{site}``, ``outbox_stuck``, ``outbox_oldest_pending_seconds``,
+  {site}``, ``outbox_queue_depth_by_priority{priority}``, ``outbox_parked{site}``, ``outbox_stuck``, ``outbox_oldest_pending_seconds``,
   ``outbox_site_backlog{site}``, ``outbox_channel_open{channel}``. They come from the same
   index-only queries as the console's KPIs (notifications.kpis), cached for
   OUTBOX_METRICS_CACHE_SECONDS per process, so a scrape costs at most one KPI pass and a
@@ -134,6 +134,7 @@ def kpi_figures() -> dict[str, Any]:
             site: {"queue_depth": figures["queue_depth"], "parked": figures["parked"]}
             for site, figures in kpis["per_site"].items()
         },
+        "by_priority": kpis["global"]["queue_depth_by_priority"],
         "stuck": kpis["global"]["stuck"],
         "oldest_pending_seconds": kpis["global"]["oldest_pending_age_seconds"] or 0.0,
         "site_backlog": {
@@ -165,6 +166,16 @@ class KpiCollector(Collector):
             parked.add_metric([site], site_figures["parked"])
         yield depth
         yield parked
+        # Beside the per-site depth, never instead of it: alerts that sum outbox_queue_depth
+        # over its site label keep summing exactly the rows they always did.
+        by_priority = GaugeMetricFamily(
+            "outbox_queue_depth_by_priority",
+            "Notifications waiting for delivery (Pending + Retrying), by priority.",
+            labels=["priority"],
+        )
+        for priority, count in figures["by_priority"].items():
+            by_priority.add_metric([priority], count)
+        yield by_priority
         yield GaugeMetricFamily(
             "outbox_stuck",
             "Non-terminal notifications older than OUTBOX_STUCK_AGE.",

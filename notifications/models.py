@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from notifications.backoff import STRATEGIES
 from notifications.channel_targets import apprise_url_masked, url_masked
-from notifications.db import NullsFirstIndex
+from notifications.db import ClaimIndex
 from notifications.fields import EncryptedTextField
 from notifications.secret_binding import secrets_bind_changed, teams_url_digest
 from notifications.vocabulary import TYPE_CHOICES, FailureClass
@@ -29,6 +29,27 @@ class NotificationStatus(models.TextChoices):
     DISCARDED = "Discarded"
 
 
+class NotificationPriority(models.IntegerChoices):
+    """How urgent a notification is (ISA-18.2's alarm priorities): dispatch takes higher ones
+    first. Stored as a small integer, larger is more urgent; the API speaks the labels. Also
+    ``Notification.Priority``."""
+
+    LOW = 0, "low"
+    NORMAL = 1, "normal"
+    HIGH = 2, "high"
+    CRITICAL = 3, "critical"
+
+    @classmethod
+    def named(cls, name: str) -> "NotificationPriority | None":
+        """The priority whose label is ``name`` (``"critical"`` …); None for any other value."""
+        return _PRIORITY_BY_NAME.get(name)
+
+
+_PRIORITY_BY_NAME = {priority.label: priority for priority in NotificationPriority}
+# The labels, most urgent first: the order the API documents and the console lists them in.
+PRIORITY_NAMES = tuple(priority.label for priority in sorted(NotificationPriority, reverse=True))
+
+
 # Defined beside the class, not in it: the model's Meta (indexes, constraints) needs them too.
 NON_TERMINAL = (NotificationStatus.PENDING, NotificationStatus.RETRYING)
 TERMINAL = (NotificationStatus.DELIVERED, NotificationStatus.PARKED, NotificationStatus.DISCARDED)
@@ -38,6 +59,7 @@ class Notification(models.Model):
     """One notification raised at a site. Never edited by hand; deleted only by the purge."""
 
     Status = NotificationStatus
+    Priority = NotificationPriority
     NON_TERMINAL = NON_TERMINAL
     TERMINAL = TERMINAL
     BODY_MAX_LENGTH = 100_000  # the body is a TextField, which has no max_length; ingest enforces this
@@ -50,6 +72,11 @@ class Notification(models.Model):
     type_data = models.JSONField(default=dict, blank=True)
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    # A database default too, so that adding the column does not rewrite the table and rows
+    # inserted by SQL that predates it are normal.
+    priority = models.SmallIntegerField(
+        choices=Priority.choices, default=Priority.NORMAL, db_default=Priority.NORMAL.value
+    )
     retry_count = models.PositiveIntegerField(default=0)  # failed attempts
     # Of those, the ones that were the channel's fault (connection, timeout, auth, throttled):
     # they never count against the policy's max_attempts.
@@ -94,18 +121,17 @@ class Notification(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            # Dispatch: due rows, non-terminal only, so the index stays small when the table
-            # is mostly terminal; in the claim's order (rows without a due time first), so that
-            # a claim reads its rows off the index instead of sorting the whole backlog.
-            NullsFirstIndex(
-                "next_attempt_at",
-                name="notif_due_idx",
-                condition=models.Q(status__in=list(NON_TERMINAL)),
-            ),
+            # Dispatch: the open rows of each (site, priority, channel) in due order (rows
+            # without a due time first), non-terminal only so that it stays small when the
+            # table is mostly history. The fair claim enumerates its keys and reads each key's
+            # due rows off it as one range (notifications.dispatch.fair).
+            ClaimIndex(name="notif_claim_idx", condition=models.Q(status__in=list(NON_TERMINAL))),
             # KPIs and the console: per-status and per-site counts, newest first.
             models.Index(fields=["status", "created_at"], name="notif_status_created_idx"),
             models.Index(fields=["source_site_id", "status", "created_at"], name="notif_site_status_idx"),
             models.Index(fields=["-created_at"], name="notif_created_idx"),
+            # The console's sort by priority, newest first within each.
+            models.Index(fields=["priority", "created_at"], name="notif_priority_created_idx"),
             # "Delivered in the last interval".
             models.Index(
                 fields=["delivered_at"],
@@ -125,6 +151,9 @@ class Notification(models.Model):
                 name="notif_status_valid",
             ),
             models.CheckConstraint(condition=models.Q(retry_count__gte=0), name="notif_retry_count_nonneg"),
+            models.CheckConstraint(
+                condition=models.Q(priority__in=NotificationPriority.values), name="notif_priority_valid"
+            ),
         ]
         permissions = [
             ("retry_notification", "Can retry parked notifications and retry waiting ones now"),

@@ -252,6 +252,10 @@ else:
         DATABASES["default"]["CONN_MAX_AGE"] = _read("CONN_MAX_AGE", "int", 600)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# "SQLite does not support indexes with non-key columns": the claim index carries the list name
+# for PostgreSQL's index-only reads (notifications.db.ClaimIndex) and is a plain index on SQLite
+# by design, so the warning says nothing to act on.
+SILENCED_SYSTEM_CHECKS = ["models.W040"]
 
 # Django's default hashers; the first (every password set since Django 4) computed one at a time
 # on the host, within a share of its time, at a low CPU priority (notifications/console_login.py),
@@ -336,9 +340,32 @@ if OUTBOX_PUBLIC_URL and not OUTBOX_PUBLIC_URL.startswith(("http://", "https://"
     raise ImproperlyConfigured(
         f"Environment variable OUTBOX_PUBLIC_URL must be an http(s) URL, got {OUTBOX_PUBLIC_URL!r}"
     )
-# Per-site request rate per web process (token bucket); 0 disables. See sites/throttling.py.
+# Per-site rate limits, shared by every web process (sites/rate_limits.py, docs/operations.md
+# "Rate limits"): notifications per second a site may send, sustained, and how many at once (a
+# batch of N draws N); critical notifications on a budget of their own; and, per kind, the other
+# requests a site makes (its agent's heartbeats and reports, watchdog pings, acknowledgements,
+# reads). A site's own limits can be raised in the console (Sites). OUTBOX_SITE_RATE_LIMIT=0
+# disables every site limit. A burst must hold the largest batch (OUTBOX_BATCH_MAX_ITEMS).
 OUTBOX_SITE_RATE_LIMIT = _read("OUTBOX_SITE_RATE_LIMIT", "float", 100.0)
-OUTBOX_SITE_RATE_BURST = _read("OUTBOX_SITE_RATE_BURST", "int", 500)
+OUTBOX_SITE_RATE_BURST = _read("OUTBOX_SITE_RATE_BURST", "int", 5000)
+OUTBOX_SITE_CRITICAL_RATE_LIMIT = _positive("OUTBOX_SITE_CRITICAL_RATE_LIMIT", 10.0, "float")
+OUTBOX_SITE_CRITICAL_RATE_BURST = _read("OUTBOX_SITE_CRITICAL_RATE_BURST", "int", 1000)
+OUTBOX_SITE_REQUEST_RATE_LIMIT = _positive("OUTBOX_SITE_REQUEST_RATE_LIMIT", 50.0, "float")
+OUTBOX_SITE_REQUEST_RATE_BURST = _positive("OUTBOX_SITE_REQUEST_RATE_BURST", 1000, "int")
+for _name in ("OUTBOX_SITE_RATE_BURST", "OUTBOX_SITE_CRITICAL_RATE_BURST"):
+    if OUTBOX_SITE_RATE_LIMIT and globals()[_name] < OUTBOX_BATCH_MAX_ITEMS:
+        raise ImproperlyConfigured(
+            f"Environment variable {_name} must be at least OUTBOX_BATCH_MAX_ITEMS ({OUTBOX_BATCH_MAX_ITEMS}): "
+            f"a batch that large could never be accepted, got {globals()[_name]!r}"
+        )
+if OUTBOX_SITE_RATE_LIMIT < 0:
+    raise ImproperlyConfigured(
+        f"Environment variable OUTBOX_SITE_RATE_LIMIT must be 0 or more, got {OUTBOX_SITE_RATE_LIMIT!r}"
+    )
+# Dispatch takes due rows by priority, then the sites in turn (notifications/dispatch/fair.py).
+# false: the oldest due first whatever the site or priority (a diagnostic switch; the
+# fairness benchmark's reference).
+OUTBOX_FAIR_CLAIM = _read("OUTBOX_FAIR_CLAIM", "bool", True)
 # A site whose agent sent no heartbeat for this many seconds is shown "silent" (console, KPIs).
 OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
 # Failed authentications (API keys, staff tokens) allowed per client address and per credential

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from notifications.api_errors import ERROR_RESPONSES, ErrorSerializer
 from notifications.channel_targets import text_site_masked
 from sites.models import Site, SiteCommand, SiteParkedNotification
+from sites.rate_limits import AGENT
 from sites.services import (
     SiteParkedReportError,
     site_command_acknowledge,
@@ -186,6 +187,8 @@ def command_record(command: SiteCommand) -> dict[str, Any]:
 
 
 class HeartbeatView(APIView):
+    site_rate_scope = AGENT  # the agent's own budget: never drawn by notifications
+
     @extend_schema(
         request=HeartbeatSerializer,
         responses={
@@ -206,6 +209,8 @@ class HeartbeatView(APIView):
 
 
 class ParkedReportView(APIView):
+    site_rate_scope = AGENT  # the agent's own budget: never drawn by notifications
+
     @extend_schema(
         request=ParkedReportSerializer,
         responses={
@@ -232,6 +237,8 @@ class ParkedReportView(APIView):
 
 
 class CommandAckView(APIView):
+    site_rate_scope = AGENT  # the agent's own budget: never drawn by notifications
+
     @extend_schema(
         parameters=[OpenApiParameter("command_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
         request=AckSerializer,

@@ -4,10 +4,20 @@ import uuid
 from typing import ClassVar
 
 from django.conf import settings
-from django.core.validators import validate_slug
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, validate_slug
 from django.db import models
 from django.utils import timezone
 from rest_framework_api_key.models import AbstractAPIKey, APIKeyManager
+
+
+def rate_burst_validate(value: int) -> None:
+    """A site's burst holds at least the largest batch: a larger batch could never be accepted."""
+    largest = settings.OUTBOX_BATCH_MAX_ITEMS
+    if value < largest:
+        raise ValidationError(
+            f"Must be at least the largest batch a site may send (OUTBOX_BATCH_MAX_ITEMS, {largest})."
+        )
 
 
 class Site(models.Model):
@@ -16,6 +26,24 @@ class Site(models.Model):
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # This site's own notification rate limit (sites.rate_limits); empty: the installation's.
+    rate_limit = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        verbose_name="rate limit (notifications per second)",
+        help_text="Notifications per second this site may send, sustained, counted over every web process "
+        "(a batch of N counts N). Empty: the default, OUTBOX_SITE_RATE_LIMIT. 0: no limit for this site. "
+        "Critical notifications have a budget of their own.",
+    )
+    rate_burst = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[rate_burst_validate],
+        verbose_name="rate burst (notifications)",
+        help_text="How many notifications this site may send at once before the rate applies; at least the largest "
+        "batch (OUTBOX_BATCH_MAX_ITEMS). Empty: the default, OUTBOX_SITE_RATE_BURST.",
+    )
 
     # DRF treats the authenticated principal as request.user; a site key always authenticates.
     is_authenticated = True
@@ -205,3 +233,23 @@ class SiteCommand(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.notification_id} at {self.site_id} ({self.state})"
+
+
+class SiteRateBucket(models.Model):
+    """One rate budget of one site (sites.rate_limits): the tokens left when it was last
+    refilled, shared by every web process. ``scope`` names the budget: ``notifications``,
+    ``critical``, or a kind of other request (``agent``, ``watchdog``, ``ack``, ``read``,
+    ``requests``). Processes take tokens in chunks and spend them locally."""
+
+    site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="rate_buckets")
+    scope = models.CharField(max_length=16)
+    tokens = models.FloatField()
+    refilled_at = models.DateTimeField()
+    # How many tokens the last draw took (its answer: UPDATE … RETURNING sees only new values).
+    granted = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["site", "scope"], name="sites_rate_bucket_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.site_id} {self.scope}: {self.tokens:.1f}"

@@ -1,16 +1,18 @@
-"""Rate limits of the API, as token buckets in each web process: requests per site, and failed
-authentications per client address and per credential.
+"""Rate limits of the API: the per-site budgets as DRF sees them (the rules and the shared
+buckets are sites/rate_limits.py), and failed authentications per client address and per
+credential.
 
-A runaway site script must not starve the others. The bucket refills at
-OUTBOX_SITE_RATE_LIMIT requests per second up to OUTBOX_SITE_RATE_BURST; an empty bucket
-answers 429 with Retry-After (the site agent waits that long). The limit is per web process,
-so the fleet-wide limit is this times the number of processes; a shared counter would cost
-a round trip per request, as much as the insert it protects. 0 disables limiting.
+A site's notifications draw from its notification budgets one by one, in the ingest views
+(:func:`site_notifications_throttle`): a batch of N draws N, critical items from the critical
+budget. Every other site request draws one token from the budget of its kind, named by the
+view's ``site_rate_scope`` (reads by default for GET, ``requests`` otherwise). An empty budget
+answers 429 with Retry-After (the site agent waits that long) and the request does nothing.
 """
 
 import math
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -19,34 +21,57 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
 from sites.models import Site
+from sites.rate_limits import READ, REQUESTS, RateLimited, notifications_needs, site_rate_draw
+
+
+def site_rate_scope(view: Any, request: Request) -> str | None:
+    """The budget one request of ``view`` draws from: the view's ``site_rate_scope`` (a name,
+    or a mapping of HTTP method to name; None: the view draws itself), else reads for GET and
+    HEAD and ``requests`` for anything else."""
+    declared = getattr(view, "site_rate_scope", "")
+    if isinstance(declared, dict):
+        declared = declared.get(request.method, "")
+    if declared != "":
+        return declared
+    return READ if request.method in ("GET", "HEAD") else REQUESTS
 
 
 class SiteRateThrottle(BaseThrottle):
-    _buckets: dict[str, list[float]] = {}  # site_id -> [tokens, last refill (monotonic)]
-    _lock = threading.Lock()
-    _wait = 0.0
+    """One token of the request's budget per site request (sites.rate_limits)."""
+
+    def __init__(self) -> None:
+        self._wait = 0.0
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        rate = settings.OUTBOX_SITE_RATE_LIMIT
         site = request.user
-        if rate <= 0 or not isinstance(site, Site):
+        if not isinstance(site, Site):
             return True
-        burst = max(settings.OUTBOX_SITE_RATE_BURST, 1)
-        now = time.monotonic()
-        with self._lock:
-            bucket = self._buckets.setdefault(site.site_id, [float(burst), now])
-            bucket[0] = min(burst, bucket[0] + (now - bucket[1]) * rate)
-            bucket[1] = now
-            if bucket[0] >= 1:
-                bucket[0] -= 1
-                self._wait = 0.0
-                return True
-            self._wait = (1 - bucket[0]) / rate
+        scope = site_rate_scope(view, request)
+        if scope is None:
+            return True
+        try:
+            site_rate_draw(site=site, needs={scope: 1})
+        except RateLimited as limited:
+            self._wait = limited.retry_after
             return False
+        return True
 
     def wait(self) -> float:
         # Whole seconds, at least 1: Retry-After takes an integer.
         return max(1, math.ceil(self._wait))
+
+
+def site_notifications_throttle(*, site: Site, items: Iterable[Any]) -> None:
+    """Draw the tokens of these submitted notifications from ``site``'s budgets (one each,
+    critical ones from the critical budget), or raise DRF's Throttled (429 with Retry-After,
+    naming the budget) and draw nothing."""
+    try:
+        site_rate_draw(site=site, needs=notifications_needs(items))
+    except RateLimited as limited:
+        raise exceptions.Throttled(
+            wait=limited.retry_after,
+            detail=f"Too many notifications from this site ({limited.scope} budget); nothing was ingested.",
+        ) from None
 
 
 # --- failed authentication --------------------------------------------------------------------

@@ -70,11 +70,13 @@ def _dispatch_trigger(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_rate_limits() -> None:
-    """Each test starts with full per-site, failed-authentication and console-login token buckets."""
+    """Each test starts with no per-site tokens held by this process (the shared buckets are rows
+    of the test's database) and full failed-authentication and console-login token buckets."""
     from notifications.console_login import login_failures
-    from sites.throttling import SiteRateThrottle, auth_failures
+    from sites.rate_limits import leases
+    from sites.throttling import auth_failures
 
-    SiteRateThrottle._buckets.clear()
+    leases.clear()
     auth_failures.clear()
     login_failures.clear()
 

@@ -57,7 +57,7 @@ from notifications.adapters.smtp_connect import (
 )
 from notifications.backoff import RetryTiming
 from notifications.email_address import AddressNotSendable, address_ascii_domain, envelope_address, needs_smtputf8
-from notifications.email_content import EmailContent, email_content_read
+from notifications.email_content import EmailContent, email_content_prioritised, email_content_read
 from notifications.list_names import notification_lists_by_name, text_control_problem
 from notifications.models import EmailRecipient, Notification, RecipientMode, SmtpConfiguration
 from notifications.secret_binding import secret_binding_problem
@@ -566,7 +566,7 @@ class EmailSession(Session):
             raise DeliveryError(
                 f"Refused to send: invalid type_data: {problems}"[:2000], failure_class=FailureClass.CONTENT_REJECTED
             )
-        return content
+        return email_content_prioritised(content, priority=notification.priority)
 
     def _compose(
         self, notification: Notification, *, to: list[str], content: EmailContent, recipient: str | None = None

@@ -36,6 +36,9 @@ MAX_LINE_BYTES = 998  # RFC 5322 §2.1.1
 # make members' "reply all" go to the sender, and hide that the message had other readers.
 UNDISCLOSED_RECIPIENTS = "undisclosed-recipients:;"
 PRIORITY_HEADERS = {
+    # A notification of high or critical priority: the headers mail clients and gateways read
+    # (Outlook/Exchange: Importance; Thunderbird and most others: X-Priority; RFC 2156: Priority).
+    "urgent": (("X-Priority", "1 (Highest)"), ("Importance", "high"), ("Priority", "urgent")),
     "high": (("X-Priority", "1 (Highest)"), ("Importance", "high")),
     "normal": (),
     "low": (("X-Priority", "5 (Lowest)"), ("Importance", "low")),

@@ -17,7 +17,7 @@ from django.utils.text import smart_split, unescape_string_literal
 from notifications import db
 from notifications.console import cause_q
 from notifications.list_names import list_name_key
-from notifications.models import Notification, NotificationList
+from notifications.models import PRIORITY_NAMES, Notification, NotificationList
 from notifications.vocabulary import TYPE_CHOICES
 from sites.models import Site
 
@@ -139,6 +139,18 @@ class TypeFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(type=self.value()) if self.value() else queryset
+
+
+class PriorityFilter(admin.SimpleListFilter):
+    title = "priority"
+    parameter_name = "priority"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in PRIORITY_NAMES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        priority = Notification.Priority.named(self.value() or "")
+        return queryset if priority is None else queryset.filter(priority=priority)
 
 
 class _ValueFromTableFilter(admin.SimpleListFilter):

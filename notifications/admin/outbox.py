@@ -33,6 +33,7 @@ from notifications.admin.filters import (
     DeliveryFilter,
     ListNameFilter,
     ParkedCauseFilter,
+    PriorityFilter,
     RequeuedAtFilter,
     SourceSiteFilter,
     StatusFilter,
@@ -179,6 +180,17 @@ class OutboxChangeList(ChangeList):
         # The list never shows the large columns; do not read them for a page of 100 rows.
         return super().get_queryset(request, exclude_parameters).defer("body", "type_data", "resolved_targets")
 
+    def get_ordering(self, request: HttpRequest, queryset: QuerySet[Any]) -> list[Any]:
+        """Sorted by priority, rows of one priority follow in creation order the same way
+        (most urgent and newest first, or the reverse): the order of the index on
+        (priority, created_at), rather than by id, which no index serves after priority."""
+        ordering = list(super().get_ordering(request, queryset))
+        if not ordering or ordering[0] not in ("priority", "-priority"):
+            return ordering
+        sign = "-" if ordering[0] == "-priority" else ""
+        rest = [field for field in ordering[1:] if field not in ("created_at", "-created_at")]
+        return [ordering[0], f"{sign}created_at", *rest]
+
 
 class DeliveryAttemptInline(admin.TabularInline):
     model = DeliveryAttempt
@@ -228,6 +240,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
     list_display = (
         "short_id",
         "status_badge",
+        "priority_badge",
         "list_column",
         "subject_column",
         "site_column",
@@ -240,6 +253,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         StatusFilter,
         DeliveryFilter,
         StuckFilter,
+        PriorityFilter,
         TypeFilter,
         SourceSiteFilter,
         ListNameFilter,
@@ -253,7 +267,8 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         "an id prefix (6+ hex digits, like the 8 in the id column) or a full id finds by id."
     )
     action_max_rows = ACTION_MAX_ROWS
-    sortable_by = ("created_column",)  # the only order with an index behind it
+    # The orders with an index behind them: creation, and priority (then creation).
+    sortable_by = ("created_column", "priority_badge")
     list_per_page = 100
     list_max_show_all = 1000
     paginator = OutboxPaginator
@@ -265,7 +280,18 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
     fieldsets = (
         (
             None,
-            {"fields": ("notification_id", "status_display", "stuck_badge", "type", "list_name", "subject", "body")},
+            {
+                "fields": (
+                    "notification_id",
+                    "status_display",
+                    "stuck_badge",
+                    "priority_badge",
+                    "type",
+                    "list_name",
+                    "subject",
+                    "body",
+                )
+            },
         ),
         (
             "Delivery",
@@ -367,6 +393,13 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         return format_html(
             '<span class="outbox-badge outbox-status-{}">{}</span>', STATUS_CSS.get(obj.status, "other"), obj.status
         )
+
+    @admin.display(description="priority", ordering="priority")
+    def priority_badge(self, obj: Notification) -> SafeString:
+        name = Notification.Priority(obj.priority).label
+        if obj.priority == Notification.Priority.NORMAL:
+            return format_html('<span class="outbox-priority-normal">{}</span>', name)
+        return format_html('<span class="outbox-badge outbox-priority-{}">{}</span>', name, name)
 
     @admin.display(description="stuck")
     def stuck_badge(self, obj: Notification) -> str:

@@ -7,14 +7,15 @@ a crashed worker's rows are picked up by the next pass — nothing is ever left 
 SQLite there is no ``SKIP LOCKED``; the IMMEDIATE transaction serialises claims instead, which
 is correct but meant for one worker.
 
-A channel whose endpoint is open (circuit breaker) or rate-limited is claimed through its
-health row (notifications.health): an open endpoint gives no rows, or one probe; a
-rate-limited one no more rows than its bucket has tokens. Rows left behind wait, uncharged.
+The rows are taken in the claim's order (notifications.dispatch.fair): priority first, the
+sites taking turns within a priority, the oldest due first within a site. A channel whose
+endpoint is open (circuit breaker) or rate-limited is claimed through its health row
+(notifications.health): an open endpoint gives no rows, or one probe; a rate-limited one no
+more rows than its bucket has tokens. Rows left behind wait, uncharged.
 
-Every claim reads the due index (``notif_due_idx``: non-terminal rows by ``next_attempt_at``,
-rows without one first) in its order and stops after ``limit`` rows, so a claim costs about
-what it takes whatever the backlog; its transaction turns sorts off
-(:func:`~notifications.db.read_in_index_order`, measured need written there).
+Every claim reads the claim index (``notif_claim_idx``) key by key and each key's due rows as
+one range, so a claim costs about what it takes whatever the backlog; its transaction turns
+sorts off (:func:`~notifications.db.read_in_index_order`, measured need written there).
 """
 
 import os
@@ -22,15 +23,22 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import cache
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Case, F, Field, Q, QuerySet, TextField, Value, When
+from django.db import transaction
+from django.db.models import Case, F, Q, TextField, Value, When
 
 from notifications import db
 from notifications.clock import database_now
+from notifications.dispatch.fair import (
+    CLAIM_FIELDS,
+    ClaimLimits,
+    due_q,
+    first_due_by_channel,
+    notifications_claim_in_order,
+    notifications_due_exist,
+)
 from notifications.health import (
     Channel,
     Gate,
@@ -43,27 +51,16 @@ from notifications.health import (
 from notifications.models import ChannelHealth, Notification
 from notifications.policies import delivery_expired_message
 
-# The columns delivery reads from a claimed row. (Channels with per-target outcomes send a retry
-# only to the targets still owed it, from ``resolved_targets``; webhooks carry the site id.)
-CLAIM_FIELDS = (
-    "notification_id",
-    "source_site_id",
-    "type",
-    "list_name",
-    "subject",
-    "body",
-    "type_data",
-    "resolved_targets",
-    "status",
-    "retry_count",
-    "channel_failures",
-    "created_at",
-    "requeued_at",
-    "claimed_by",
-    "claimed_until",
-)
-# Oldest due first, as the due index (notif_due_idx) holds the rows: no due time, then by it.
-DUE_INDEX_ORDER = F("next_attempt_at").asc(nulls_first=True)
+__all__ = [
+    "CLAIM_FIELDS",
+    "Claim",
+    "dispatch_wake_at",
+    "notifications_claim_due",
+    "notifications_due_exist",
+    "notifications_due_q",
+    "notifications_expire",
+    "worker_id_new",
+]
 
 
 def worker_id_new(prefix: str = "dispatch") -> str:
@@ -71,42 +68,17 @@ def worker_id_new(prefix: str = "dispatch") -> str:
     return f"{prefix}:{socket.gethostname()[:24]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def _unleased_q(now: datetime) -> Q:
-    """Not terminal and under no live lease: due once its next attempt time has come."""
-    return Q(status__in=Notification.NON_TERMINAL) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
-
-
 def notifications_due_q(now: datetime) -> Q:
     """The rule for "due": not terminal, its next attempt time has come, and no live lease.
 
     A Pending row with no next attempt time (created by hand) counts as due, never as lost.
     """
-    return _unleased_q(now) & (Q(next_attempt_at__lte=now) | Q(next_attempt_at__isnull=True))
-
-
-def _oldest_due_lock(waiting: QuerySet[Notification], *, now: datetime, limit: int) -> list[Notification]:
-    """Lock up to ``limit`` of the ``waiting`` rows that are due at ``now``, oldest due first,
-    skipping rows others hold: first those without a next attempt time, then the rest by it.
-
-    Each is one range of the due index read in its order and left as soon as it has given
-    enough rows, so a claim reads about as many rows as it takes, whatever the backlog. (One
-    query for both, ``next_attempt_at <= now OR next_attempt_at IS NULL``, cannot be an index
-    range: PostgreSQL then either filters every waiting row in index order or collects every
-    due row and sorts them.) Called in a transaction that reads in index order
-    (:func:`~notifications.db.read_in_index_order`): with statistics taken before a backlog
-    arrived, PostgreSQL would otherwise read the backlog through another index and sort it.
-    """
-    undated = waiting.filter(next_attempt_at__isnull=True).order_by(DUE_INDEX_ORDER)
-    rows = list(db.lock_skipping_locked(undated).only(*CLAIM_FIELDS)[:limit])
-    if len(rows) < limit:
-        dated = waiting.filter(next_attempt_at__lte=now).order_by(DUE_INDEX_ORDER)
-        rows += db.lock_skipping_locked(dated).only(*CLAIM_FIELDS)[: limit - len(rows)]
-    return rows
+    return due_q(now)
 
 
 @dataclass
 class Claim:
-    """Rows claimed by one claim, oldest due first; ``probes``: the ids of those claimed as
+    """Rows claimed by one claim, in the claim's order; ``probes``: the ids of those claimed as
     their channel's probe."""
 
     rows: list[Notification]
@@ -124,9 +96,10 @@ def notifications_claim_due(
     lease_seconds: int | None = None,
     channels: dict[str, Channel] | None = None,
 ) -> Claim:
-    """Claim up to ``limit`` due notifications for ``worker_id``, oldest due first, taking no
-    more of a gated channel than its gate allows (open: none, or one probe; rate-limited: its
-    tokens). Returns the :class:`Claim`, committed when this returns.
+    """Claim up to ``limit`` due notifications for ``worker_id`` in the claim's order (priority,
+    then the sites in turn, then the oldest due), taking no more of a gated channel than its
+    gate allows (open: none, or one probe; rate-limited: its tokens). Returns the
+    :class:`Claim`, committed when this returns.
 
     The lease lasts ``lease_seconds`` (default OUTBOX_LEASE_SECONDS) from ``now`` (default: the
     database clock). ``channels`` (default: read now) are the channels as the pass knows them.
@@ -145,86 +118,33 @@ def notifications_claim_due(
             for channel in channels.values()
             if channel.gated
         ]
-        if not gates and connection.vendor == "postgresql":
-            # No channel gated (the usual case): locking and leasing in one statement.
-            claim.rows = _claim_and_lease(worker_id=worker_id, limit=limit, now=now, until=until)
-        else:
-            _claim_gated(claim, gates=gates, worker_id=worker_id, limit=limit, now=now, until=until)
+        limits = _limits(gates, limit=limit)
+        claim.rows = notifications_claim_in_order(limits=limits, worker_id=worker_id, now=now, until=until)
+        _gates_settle(claim, gates)
     for row in claim.rows:
         row.claimed_by, row.claimed_until = worker_id, until
     return claim
 
 
-def _claim_gated(
-    claim: Claim, *, gates: list[Gate], worker_id: str, limit: int, now: datetime, until: datetime
-) -> None:
-    """Lock the due rows of the channels that are not gated, then of each gated one no more than
-    its gate allows, into ``claim``, and stamp their lease (also the way on SQLite)."""
-    waiting = Notification.objects.filter(_unleased_q(now))
-    free = waiting.exclude(type__in=[gate.channel.name for gate in gates]) if gates else waiting
-    claim.rows = _oldest_due_lock(free, now=now, limit=limit)
+def _limits(gates: list[Gate], *, limit: int) -> ClaimLimits:
+    """What the claim may take: ``limit`` rows, none of a channel whose gate gives none, no more
+    of one whose gate gives fewer than ``limit`` than it gives."""
+    limits = ClaimLimits(limit=limit)
     for gate in gates:
-        room = min(gate.limit, limit - len(claim.rows))
-        taken: list[Notification] = []
-        if room > 0:
-            taken = _oldest_due_lock(waiting.filter(type=gate.channel.name), now=now, limit=room)
+        if gate.limit <= 0:
+            limits.closed.add(gate.channel.name)
+        elif gate.limit < limit:
+            limits.capped[gate.channel.name] = gate.limit
+    return limits
+
+
+def _gates_settle(claim: Claim, gates: list[Gate]) -> None:
+    """Spend each gated channel's tokens for the rows taken, and mark its probe."""
+    for gate in gates:
+        taken = [row.pk for row in claim.rows if row.type == gate.channel.name]
         channel_gate_settle(gate, taken=len(taken))
         if gate.probe:
-            claim.probes.update(row.pk for row in taken)
-        claim.rows += taken
-    if claim.rows:
-        Notification.objects.filter(db.pk_in([row.pk for row in claim.rows])).update(
-            claimed_by=worker_id, claimed_until=until
-        )
-
-
-def _claim_and_lease(*, worker_id: str, limit: int, now: datetime, until: datetime) -> list[Notification]:
-    """PostgreSQL, with no channel gated: lock up to ``limit`` due rows as
-    :func:`_oldest_due_lock` does (the rows without a due time, then those whose due time has
-    passed, each range read off the due index in its order, skipping rows others hold) and
-    stamp their lease, in one statement that returns them, oldest due first. One statement
-    instead of three: no list of ids sent back for the lease, and no query built by the ORM
-    for each claim. (Returning the rows through a ``SELECT … ORDER BY`` over the UPDATE in a
-    WITH clause instead lost the race in tests/dispatch/test_operator_races.py: rows an
-    operator retried again and again were never claimed.)"""
-    params = {"now": now, "limit": limit, "worker": worker_id, "until": until}
-    rows = list(Notification.objects.raw(_claim_and_lease_sql(), params))
-    # UPDATE … RETURNING gives no order: the due index's, rows without a due time first.
-    rows.sort(key=lambda row: (row.next_attempt_at is not None, row.next_attempt_at or now))
-    return rows
-
-
-@cache
-def _claim_and_lease_sql() -> str:
-    meta = Notification._meta
-    quote = connection.ops.quote_name
-
-    def column(name: str) -> str:
-        return quote(str(cast(Field, meta.get_field(name)).column))
-
-    table = quote(meta.db_table)
-    pk = column("notification_id")
-
-    statuses = ", ".join(f"'{status}'" for status in Notification.NON_TERMINAL)
-    unleased = (
-        f"{column('status')} IN ({statuses}) "
-        f"AND ({column('claimed_until')} IS NULL OR {column('claimed_until')} < %(now)s)"
-    )
-    due = column("next_attempt_at")
-    # The lease's columns are known (the caller sets them): not read back. Time stamps are the
-    # costliest columns to read.
-    returned = [column(name) for name in CLAIM_FIELDS if name not in ("claimed_by", "claimed_until")]
-    return (
-        f"WITH undated AS (SELECT {pk} FROM {table} WHERE {unleased} AND {due} IS NULL "
-        f"ORDER BY {due} ASC NULLS FIRST LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
-        f"dated AS (SELECT {pk} FROM {table} WHERE {unleased} AND {due} <= %(now)s "
-        f"ORDER BY {due} ASC NULLS FIRST LIMIT GREATEST(%(limit)s - (SELECT count(*) FROM undated), 0) "
-        "FOR UPDATE SKIP LOCKED) "
-        f"UPDATE {table} AS n SET {column('claimed_by')} = %(worker)s, "
-        f"{column('claimed_until')} = %(until)s "
-        f"FROM (SELECT {pk} FROM undated UNION ALL SELECT {pk} FROM dated) AS picked "
-        f"WHERE n.{pk} = picked.{pk} RETURNING {', '.join(f'n.{name}' for name in [*returned, due])}"
-    )
+            claim.probes.update(taken)
 
 
 def notifications_expire(*, channels: dict[str, Channel], now: datetime | None = None) -> int:
@@ -268,21 +188,16 @@ def dispatch_wake_at(*, channels: dict[str, Channel] | None = None, now: datetim
     now = now or database_now()
     channels = dispatch_channels() if channels is None else channels
     health = {(row.channel, row.endpoint): row for row in ChannelHealth.objects.all()}
-    unleased = _unleased_q(now)
-    wake: datetime | None = None
     with transaction.atomic():
-        db.read_in_index_order()  # the due index in its order: one row, not a sorted backlog
-        for channel in channels.values():
-            first = list(
-                Notification.objects.filter(unleased, type=channel.name)
-                .order_by(DUE_INDEX_ORDER)
-                .values_list("next_attempt_at", flat=True)[:1]
-            )
-            if not first:
-                continue
-            when = max(first[0] or now, now)
-            if channel.endpoint is not None:
-                health_row = health.get((channel.name, channel.endpoint))
-                when = max(when, channel_gate_wait(channel=channel, health=health_row, now=now))
-            wake = when if wake is None else min(wake, when)
+        db.read_in_index_order()  # the claim index in its order: one row per key, not a sorted backlog
+        firsts = first_due_by_channel(now=now)
+    wake: datetime | None = None
+    for channel in channels.values():
+        when = firsts.get(channel.name)
+        if when is None:
+            continue
+        if channel.endpoint is not None:
+            health_row = health.get((channel.name, channel.endpoint))
+            when = max(when, channel_gate_wait(channel=channel, health=health_row, now=now))
+        wake = when if wake is None else min(wake, when)
     return wake

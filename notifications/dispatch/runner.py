@@ -35,7 +35,7 @@ from notifications.adapters import adapter_for
 from notifications.adapters.base import Adapter, DeliveryError, DeliveryResult, Session, delivery_deadline
 from notifications.clock import DatabaseClock, database_clock, database_now
 from notifications.counts import counts_fold
-from notifications.dispatch.claim import Claim, notifications_claim_due, notifications_due_q, notifications_expire
+from notifications.dispatch.claim import Claim, notifications_claim_due, notifications_due_exist, notifications_expire
 from notifications.dispatch.finish import (
     DeliveryOutcome,
     Finish,
@@ -526,7 +526,7 @@ def dispatch_pass(
     try:
         run.run(pool)
         if not run.drained:  # stopped by the budget or a stop request
-            report.more_due = Notification.objects.filter(notifications_due_q(database_now())).exists()
+            report.more_due = notifications_due_exist(now=database_now())
     except BaseException:
         # Deliveries only queued are dropped rather than made: their results could not be
         # recorded, and their rows are due again when their lease ends.

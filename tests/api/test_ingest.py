@@ -36,6 +36,7 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "type",
         "list_name",
         "status",
+        "priority",
         "retry_count",
         "last_error",
         "site_enqueued_at",
@@ -442,11 +443,8 @@ def test_a_site_deactivated_after_use_is_refused_at_once(api, site):
     assert post(api, make_payload()).status_code == 403
 
 
-@override_settings(OUTBOX_SITE_RATE_LIMIT=1.0, OUTBOX_SITE_RATE_BURST=3)
+@override_settings(OUTBOX_SITE_RATE_LIMIT=1.0, OUTBOX_SITE_RATE_BURST=3, OUTBOX_BATCH_MAX_ITEMS=3)
 def test_a_site_over_its_rate_limit_gets_429_with_retry_after_and_others_are_unaffected(api, other_site_key):
-    from sites.throttling import SiteRateThrottle
-
-    SiteRateThrottle._buckets.clear()
     answers = [post(api, make_payload()).status_code for _ in range(4)]
     assert answers == [201, 201, 201, 429]
     limited = post(api, make_payload())

@@ -331,7 +331,7 @@ def wake_time_plans(captured):
         for query in captured.captured_queries:
             if "set_config" in query["sql"]:
                 cursor.execute(query["sql"])
-            elif query["sql"].startswith('SELECT "notifications_notification"."next_attempt_at"'):
+            elif "f.due FROM keys" in query["sql"]:
                 cursor.execute(f"EXPLAIN (FORMAT JSON, ANALYZE) {query['sql']}")
                 replayed.append(cursor.fetchone()[0][0]["Plan"])
     return replayed
@@ -352,6 +352,49 @@ def plan_nodes(node):
         yield from plan_nodes(child)
 
 
+def rows_read(plan, index="notif_claim_idx"):
+    """Index entries the plan read off ``index``, over all its loops (returned or filtered out)."""
+    return sum(
+        (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+        for node in plan_nodes(plan)
+        if node.get("Index Name") == index
+    )
+
+
+def largest_sort(plan):
+    """The most rows any sort of the plan sorted (0 without a sort)."""
+    return max(
+        (node["Actual Rows"] * node["Actual Loops"] for node in plan_nodes(plan) if node["Node Type"] == "Sort"),
+        default=0,
+    )
+
+
+def assert_claim_plan(plan, *, sql, read_at_most, sorted_at_most):
+    # Notifications are found through the claim index (keys, ranges) and leased by primary
+    # key; the sorts are of the claim's candidates, never of a backlog.
+    assert set(indexes_read(plan)) == {"notif_claim_idx", "notifications_notification_pkey"}, (sql, plan)
+    assert rows_read(plan) <= read_at_most, (rows_read(plan), sql, plan)
+    assert rows_read(plan, "notifications_notification_pkey") <= sorted_at_most, (sql, plan)
+    assert largest_sort(plan) <= sorted_at_most, (largest_sort(plan), sql, plan)
+
+
+def statistics_of_ten_million_rows():
+    """Planner statistics as of a table of 10,000,000 rows: the analyzed row density of the
+    table and of its indexes times 500 (PostgreSQL scales the density by the pages the
+    relation has now), within the test's transaction. Its 20,000 delivered rows stand for a
+    year of history; the value statistics stay those of history alone."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE pg_class SET reltuples = reltuples * 500
+            WHERE oid = 'notifications_notification'::regclass
+               OR oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'notifications_notification'::regclass)
+            """
+        )
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = 'notifications_notification'::regclass")
+        assert cursor.fetchone()[0] >= 10_000_000
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
 def test_a_claim_reads_about_what_it_takes_even_with_statistics_from_before_the_backlog(db):
     # With statistics saying "no rows", PostgreSQL collected every due row of the backlog and
@@ -363,20 +406,15 @@ def test_a_claim_reads_about_what_it_takes_even_with_statistics_from_before_the_
     with CaptureQueriesContext(connection) as captured:
         claimed = notifications_claim_due(worker_id="w1", limit=50).rows
     assert len(claimed) == 50
-    # The same claim again, run: the 30 rows still due, none of the 920 waiting. One
-    # statement locks both ranges (rows without a due time, then by it) and stamps the lease.
+    # The same claim again, run: the 30 rows still due, none of the 920 waiting. Each key's due
+    # range is read twice (is anything due? then its share), passing over the 50 in flight.
     ((sql, plan),) = plans(captured)
-    assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), (sql, plan)
-    assert set(indexes_read(plan)) == {"notif_due_idx", "notifications_notification_pkey"}, (sql, plan)
-    ranges = [node for node in plan_nodes(plan) if node.get("Index Name") == "notif_due_idx"]
-    assert len(ranges) == 2, (sql, plan)
-    read = sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in ranges)
-    assert read <= 80, (read, sql, plan)  # its 30, and the first claim's 50 passed over
+    assert_claim_plan(plan, sql=sql, read_at_most=2 * 80 + 5, sorted_at_most=30)
     assert Notification.objects.filter(claimed_by="w1").count() == 80  # leased by the replay too
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
-def test_a_claim_reads_the_due_index_when_the_statistics_saw_only_delivered_history(db):
+def test_a_claim_reads_the_claim_index_when_the_statistics_saw_only_delivered_history(db):
     # Statistics taken over delivered history put every index of open rows at one row:
     # PostgreSQL then read the backlog through one of the KPIs' indexes of open rows and sorted
     # all of it for every claim (at 10,000,000 rows: notifications.db.read_in_index_order).
@@ -385,14 +423,36 @@ def test_a_claim_reads_the_due_index_when_the_statistics_saw_only_delivered_hist
     with CaptureQueriesContext(connection) as captured:
         assert len(notifications_claim_due(worker_id="w1", limit=200).rows) == 200
     ((sql, plan),) = plans(captured)
-    assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), (sql, plan)
-    assert set(indexes_read(plan)) == {"notif_due_idx", "notifications_notification_pkey"}, (sql, plan)
-    ranges = [node for node in plan_nodes(plan) if node.get("Index Name") == "notif_due_idx"]
-    assert sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in ranges) <= 400, plan
+    assert_claim_plan(plan, sql=sql, read_at_most=2 * 200 + 5, sorted_at_most=200)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
-def test_the_next_due_time_is_read_off_the_due_index_when_the_statistics_saw_only_delivered_history(db):
+def test_a_claim_at_ten_million_rows_reads_each_site_and_priority_off_the_claim_index(db):
+    # A year of history, a backlog from five sites at three priorities queued since the last
+    # ANALYZE, and a claim of 200 that takes every site's turn: keys are probed one by one and
+    # each key's share read as one range, so the claim reads about what it takes.
+    delivered_history(20_000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE notifications_notification")
+    statistics_of_ten_million_rows()
+    for n in range(5):
+        queue(300, site_id=f"plant-{n}")
+        queue(5, site_id=f"plant-{n}", priority="high")
+    queue(3, site_id="plant-9", priority="critical")
+    with CaptureQueriesContext(connection) as captured:
+        claim = notifications_claim_due(worker_id="w1", limit=200).rows
+    assert [row.priority for row in claim[:28]] == [Notification.Priority.CRITICAL] * 3 + [
+        Notification.Priority.HIGH
+    ] * 25
+    assert len({row.source_site_id for row in claim[28:]}) == 5
+    ((sql, plan),) = plans(captured)
+    # The replay claims the next 200; at most two reads of each range (with the share's
+    # rounding: 35 a site) beside the first claim's rows passed over.
+    assert_claim_plan(plan, sql=sql, read_at_most=2 * (200 + 200) + 20, sorted_at_most=200)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
+def test_the_next_due_time_is_read_off_the_claim_index_when_the_statistics_saw_only_delivered_history(db):
     delivered_history(20_000)
     stale_statistics_backlog(1000)
     later = timezone.now() + timedelta(hours=1)
@@ -400,9 +460,8 @@ def test_the_next_due_time_is_read_off_the_due_index_when_the_statistics_saw_onl
     with CaptureQueriesContext(connection) as captured:
         assert dispatch_wake_at(channels={"email": channel_with()}) == later
     (plan,) = wake_time_plans(captured)
-    assert indexes_read(plan) == ["notif_due_idx"], plan
-    rows = [node for node in plan_nodes(plan) if node.get("Relation Name") == "notifications_notification"]
-    assert sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in rows) == 1, plan
+    assert set(indexes_read(plan)) == {"notif_claim_idx"}, plan
+    assert rows_read(plan) <= 3, plan  # two probes for the one key, and its first row
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
@@ -418,7 +477,7 @@ def test_finishing_finds_its_rows_by_primary_key_even_with_statistics_from_befor
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
-def test_the_next_due_time_is_read_off_the_due_index_even_with_statistics_from_before_the_backlog(db):
+def test_the_next_due_time_is_read_off_the_claim_index_even_with_statistics_from_before_the_backlog(db):
     # A waiting worker asks every second while a backlog waits out an outage: with statistics
     # saying "no rows", PostgreSQL sorted the whole backlog to find its first due time.
     stale_statistics_backlog(1000)
@@ -428,9 +487,8 @@ def test_the_next_due_time_is_read_off_the_due_index_even_with_statistics_from_b
         assert dispatch_wake_at(channels={"email": channel_with()}) == later
     (plan,) = wake_time_plans(captured)
     assert not any(node["Node Type"] == "Sort" for node in plan_nodes(plan)), plan
-    assert indexes_read(plan) == ["notif_due_idx"], plan
-    rows = [node for node in plan_nodes(plan) if node.get("Relation Name") == "notifications_notification"]
-    assert sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in rows) == 1, plan
+    assert set(indexes_read(plan)) == {"notif_claim_idx"}, plan
+    assert rows_read(plan) <= 3, plan
 
 
 def test_each_finished_row_gets_its_own_outcomes_when_rows_in_a_row_differ(db):

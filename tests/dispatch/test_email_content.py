@@ -333,6 +333,30 @@ def test_a_plain_notification_with_a_priority_stays_one_text_part(smtp_server, s
     assert message["To"] == "undisclosed-recipients:;"
 
 
+@pytest.mark.parametrize("priority", ["critical", "high"])
+def test_a_high_or_critical_notification_is_marked_urgent_in_every_mail_client_s_header(
+    smtp_server, smtp_config, crew, priority
+):
+    queue(list_name="Crew", priority=priority, type_data={"html": "<p>Gas detector 4 fault</p>"})
+    queue(list_name="Crew", priority=priority)
+    run_pass()
+    assert len(smtp_server.received) == 2  # the rich composer and the plain one alike
+    for received in smtp_server.received:
+        message = received.message
+        assert (message["X-Priority"], message["Importance"], message["Priority"]) == ("1 (Highest)", "high", "urgent")
+
+
+def test_type_data_priority_counts_only_for_a_normal_notification(smtp_server, smtp_config, crew):
+    (marked,) = queue(list_name="Crew", type_data={"priority": "low"})
+    (overruled,) = queue(list_name="Crew", priority="critical", type_data={"priority": "low"})
+    (low,) = queue(list_name="Crew", priority="low", type_data={"priority": "high"})
+    run_pass()
+    by_id = {received.message["X-Notification-Id"]: received.message for received in smtp_server.received}
+    assert by_id[str(marked.pk)]["Importance"] == "low"
+    assert by_id[str(overruled.pk)]["Importance"] == "high"
+    assert (by_id[str(low.pk)]["Importance"], by_id[str(low.pk)]["X-Priority"]) == (None, None)
+
+
 def test_type_data_that_no_longer_passes_the_rules_parks_instead_of_sending_without_it(
     smtp_server, smtp_config, crew, settings
 ):

@@ -14,9 +14,18 @@ from django.db import connection
 from django.utils import timezone
 
 from notifications.kpis import kpis_compute
-from notifications.models import ChannelHealth, DeliveryAttempt, Notification, ProviderMessage, SmtpConfiguration
+from notifications.models import (
+    ChannelHealth,
+    DeliveryAttempt,
+    EmailRecipient,
+    Notification,
+    NotificationList,
+    ProviderMessage,
+    SmtpConfiguration,
+)
 from notifications.purge import notifications_purge
 from notifications.vocabulary import FailureClass
+from tests.dispatch.conftest import queue
 from tests.support.processes import settings_refusal
 from tests.support.staff import staff_key_header
 
@@ -235,6 +244,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
         "partially_delivered_last_interval": 1,
         "oldest_pending_age_seconds": 1800.0,
         "failures_last_interval": {**NO_FAILURES, "connection": 2},
+        "deliveries_queued": 0,  # their list has no members
+        "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 4, "low": 0},
     }
     assert kpis["per_site"] == {
         "plant-a": {
@@ -244,6 +255,7 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "expired": 0,
             "delivered_last_interval": 1,
             "partially_delivered_last_interval": 0,
+            "deliveries_queued": 0,
             "oldest_pending_age_seconds": 1800.0,
         },
         "plant-b": {
@@ -253,6 +265,7 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "expired": 1,
             "delivered_last_interval": 1,
             "partially_delivered_last_interval": 1,
+            "deliveries_queued": 0,
             "oldest_pending_age_seconds": 660.0,
         },
     }
@@ -301,6 +314,8 @@ def test_kpis_of_an_empty_table_have_no_oldest_age(db):
         "partially_delivered_last_interval": 0,
         "oldest_pending_age_seconds": None,
         "failures_last_interval": NO_FAILURES,
+        "deliveries_queued": 0,
+        "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
     }
     assert kpis["per_site"] == {}
     assert kpis["channels"] == []
@@ -309,8 +324,10 @@ def test_kpis_of_an_empty_table_have_no_oldest_age(db):
 def test_kpis_take_a_few_queries_while_every_channel_is_healthy(crafted, django_assert_num_queries):
     # PostgreSQL, from the kept counts (notifications.counts): the two folds, the open figures, the
     # stuck figure, the oldest queued per site. SQLite: one statement over the open rows. Then
-    # the delivered rows (two halves of one statement), failures by class, channel health.
-    expected = 8 if connection.vendor == "postgresql" else 4
+    # the delivered rows (two halves of one statement), failures by class, channel health; the
+    # waiting rows by site, channel and list with the lists they name (deliveries), and the
+    # waiting rows by priority.
+    expected = 11 if connection.vendor == "postgresql" else 7
     with django_assert_num_queries(expected):
         kpis_compute()
 
@@ -357,3 +374,26 @@ def test_kpi_endpoint_refuses_anonymous_with_401_and_non_staff_with_403(db, clie
 )
 def test_a_bad_purge_duty_cycle_stops_the_process_naming_the_variable(value, problem):
     assert f"Environment variable OUTBOX_PURGE_DUTY_CYCLE {problem}" in settings_refusal(OUTBOX_PURGE_DUTY_CYCLE=value)
+
+
+def test_kpis_show_each_sites_waiting_deliveries_as_notifications_times_their_lists_targets(db):
+    five = NotificationList.objects.create(name="Shift", recipient_mode="individual")
+    for n in range(5):
+        EmailRecipient.objects.create(notification_list=five, email=f"op{n}@example.com")
+    one = NotificationList.objects.create(name="Engineer")
+    EmailRecipient.objects.create(notification_list=one, email="eng@example.com")
+    queue(3, site_id="plant-a", list_name="Shift")
+    queue(1, site_id="plant-a", list_name="Engineer")
+    queue(2, site_id="plant-b", list_name="shift")  # list names match ignoring case
+    queue(1, site_id="plant-b", list_name="Nobody")  # no such list: nothing will be sent
+    queue(1, site_id="plant-c", list_name="Engineer", priority="critical")
+
+    kpis = kpis_compute()
+
+    assert {site: figures["deliveries_queued"] for site, figures in kpis["per_site"].items()} == {
+        "plant-a": 16,
+        "plant-b": 10,
+        "plant-c": 1,
+    }
+    assert kpis["global"]["deliveries_queued"] == 27
+    assert kpis["global"]["queue_depth_by_priority"] == {"critical": 1, "high": 0, "normal": 7, "low": 0}

@@ -125,6 +125,25 @@ def test_gauges_match_the_database(db, settings):
     )
 
 
+def test_the_queue_depth_by_priority_sums_to_the_queue_depth_by_site(db):
+    queue(3, site_id="plant-a")
+    queue(2, site_id="plant-b", priority="critical")
+    queue(1, site_id="plant-a", priority="high")
+    queue(1, site_id="plant-c", priority="low")
+    parked = queue(1, site_id="plant-b", priority="critical")[0]
+    Notification.objects.filter(pk=parked.pk).update(status=Status.PARKED)
+
+    values = scrape()
+
+    by_priority = {
+        labels[0][1]: value for (name, labels), value in values.items() if name == "outbox_queue_depth_by_priority"
+    }
+    assert by_priority == {"critical": 2, "high": 1, "normal": 3, "low": 1}
+    # The per-site gauge keeps its labels: alerts summing it over sites count the same rows.
+    by_site = sum(v for (name, _), v in values.items() if name == "outbox_queue_depth")
+    assert by_site == sum(by_priority.values()) == 7
+
+
 def test_an_empty_outbox_exports_zeroes(db):
     values = scrape()
     assert values[("outbox_stuck", ())] == 0
@@ -152,10 +171,10 @@ def test_scrapes_within_the_cache_time_share_one_kpi_pass(db, settings, django_a
 
 def test_a_scrape_costs_at_most_one_kpi_pass(db, django_assert_max_num_queries):
     queue(2)
-    # One KPI pass (notifications.kpis: eight short queries on PostgreSQL, which reads the kept
-    # counts; four on SQLite), the database clock and the sites' heartbeats — what
-    # GET /api/v1/kpis/ costs — and the last worker activity.
-    with django_assert_max_num_queries(11 if connection.vendor == "postgresql" else 7):
+    # One KPI pass (notifications.kpis: ten short queries on PostgreSQL, which reads the kept
+    # counts, with the deliveries' lists and members; six on SQLite), the database clock, the
+    # sites' heartbeats — what GET /api/v1/kpis/ costs — and the last worker activity.
+    with django_assert_max_num_queries(15 if connection.vendor == "postgresql" else 11):
         scrape()
 
 

@@ -1,0 +1,72 @@
+"""Migration operations that change the notifications table without a long lock on PostgreSQL.
+
+The table holds millions of rows (a year of history); a deploy must not stop ingest while an
+index is built or a constraint checked. On PostgreSQL:
+
+- an index is created and dropped ``CONCURRENTLY`` (reads and writes go on; the migration is
+  then non-atomic, as PostgreSQL requires);
+- a check constraint is added ``NOT VALID`` (a brief lock, no scan) and then validated
+  (a scan that lets reads and writes go on).
+
+SQLite, the embedded default, has neither: there they are the plain operations, which are
+quick at the sizes SQLite is meant for.
+"""
+
+from typing import Any
+
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
+from django.db import migrations
+
+
+def _postgresql(schema_editor: Any) -> bool:
+    return schema_editor.connection.vendor == "postgresql"
+
+
+class AddIndexConcurrentlyWherePossible(AddIndexConcurrently):
+    """``AddIndexConcurrently`` on PostgreSQL, ``AddIndex`` elsewhere."""
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if _postgresql(schema_editor):
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+        else:
+            migrations.AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if _postgresql(schema_editor):
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+        else:
+            migrations.AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+class RemoveIndexConcurrentlyWherePossible(RemoveIndexConcurrently):
+    """``RemoveIndexConcurrently`` on PostgreSQL, ``RemoveIndex`` elsewhere."""
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if _postgresql(schema_editor):
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+        else:
+            migrations.RemoveIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if _postgresql(schema_editor):
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+        else:
+            migrations.RemoveIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+class AddCheckConstraintValidatedLater(migrations.AddConstraint):
+    """``AddConstraint`` of a check constraint; on PostgreSQL added ``NOT VALID`` and then
+    validated in a statement of its own, so that no lock blocks writers while the rows are
+    checked (run it in a non-atomic migration, so that each statement commits)."""
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if not _postgresql(schema_editor):
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+            return
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        table = schema_editor.quote_name(model._meta.db_table)
+        name = schema_editor.quote_name(self.constraint.name)
+        schema_editor.execute(f"{self.constraint.create_sql(model, schema_editor)} NOT VALID")
+        schema_editor.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
