@@ -44,7 +44,8 @@ from notifications.models import ChannelHealth, Notification
 from notifications.policies import delivery_expired_message
 
 # The columns delivery reads from a claimed row. (Channels with per-target outcomes send a retry
-# only to the targets still owed it, from ``resolved_targets``; webhooks carry the site id.)
+# only to the targets still owed it, from ``resolved_targets``; webhooks carry the site id; a
+# row the site delivered itself is settled without a delivery, notifications.local_delivery.)
 CLAIM_FIELDS = (
     "notification_id",
     "source_site_id",
@@ -61,6 +62,7 @@ CLAIM_FIELDS = (
     "requeued_at",
     "claimed_by",
     "claimed_until",
+    "delivered_locally_at",
 )
 # Oldest due first, as the due index (notif_due_idx) holds the rows: no due time, then by it.
 DUE_INDEX_ORDER = F("next_attempt_at").asc(nulls_first=True)
