@@ -339,7 +339,13 @@ if OUTBOX_PUBLIC_URL and not OUTBOX_PUBLIC_URL.startswith(("http://", "https://"
 # Per-site request rate per web process (token bucket); 0 disables. See sites/throttling.py.
 OUTBOX_SITE_RATE_LIMIT = _read("OUTBOX_SITE_RATE_LIMIT", "float", 100.0)
 OUTBOX_SITE_RATE_BURST = _read("OUTBOX_SITE_RATE_BURST", "int", 500)
-# A site whose agent sent no heartbeat for this many seconds is shown "silent" (console, KPIs).
+# Watchdog pings per site and second per web process, and their burst: a bucket of their own,
+# apart from the notifications' (sites/throttling.py). An agent sends each watchdog's latest
+# ping at most every sweep (10 s); 0 disables the limit.
+OUTBOX_SITE_WATCHDOG_RATE_LIMIT = _read("OUTBOX_SITE_WATCHDOG_RATE_LIMIT", "float", 20.0)
+OUTBOX_SITE_WATCHDOG_RATE_BURST = _read("OUTBOX_SITE_WATCHDOG_RATE_BURST", "int", 200)
+# A site whose agent has heart-beated and then sent no heartbeat for this many seconds is shown
+# "silent" (console, KPIs); a site that only posts directly is never silent.
 OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
 # Failed authentications (API keys, staff tokens) allowed per client address and per credential
 # in a burst, refilled at this many per minute, per web process; then 429 before any check.

@@ -5,7 +5,8 @@ A runaway site script must not starve the others. The bucket refills at
 OUTBOX_SITE_RATE_LIMIT requests per second up to OUTBOX_SITE_RATE_BURST; an empty bucket
 answers 429 with Retry-After (the site agent waits that long). The limit is per web process,
 so the fleet-wide limit is this times the number of processes; a shared counter would cost
-a round trip per request, as much as the insert it protects. 0 disables limiting.
+a round trip per request, as much as the insert it protects. 0 disables limiting. Watchdog
+pings draw on a bucket of their own (SiteWatchdogThrottle).
 """
 
 import math
@@ -25,13 +26,16 @@ class SiteRateThrottle(BaseThrottle):
     _buckets: dict[str, list[float]] = {}  # site_id -> [tokens, last refill (monotonic)]
     _lock = threading.Lock()
     _wait = 0.0
+    # The settings that hold this limit's rate (per second) and burst.
+    rate_setting = "OUTBOX_SITE_RATE_LIMIT"
+    burst_setting = "OUTBOX_SITE_RATE_BURST"
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        rate = settings.OUTBOX_SITE_RATE_LIMIT
+        rate = float(getattr(settings, self.rate_setting))
         site = request.user
         if rate <= 0 or not isinstance(site, Site):
             return True
-        burst = max(settings.OUTBOX_SITE_RATE_BURST, 1)
+        burst = max(int(getattr(settings, self.burst_setting)), 1)
         now = time.monotonic()
         with self._lock:
             bucket = self._buckets.setdefault(site.site_id, [float(burst), now])
@@ -47,6 +51,17 @@ class SiteRateThrottle(BaseThrottle):
     def wait(self) -> float:
         # Whole seconds, at least 1: Retry-After takes an integer.
         return max(1, math.ceil(self._wait))
+
+
+class SiteWatchdogThrottle(SiteRateThrottle):
+    """Watchdog pings: a bucket of their own per site (OUTBOX_SITE_WATCHDOG_RATE_LIMIT pings a
+    second, bursts of OUTBOX_SITE_WATCHDOG_RATE_BURST), so that a site sending many
+    notifications never has its pings refused, nor the other way round."""
+
+    _buckets: dict[str, list[float]] = {}
+    _lock = threading.Lock()
+    rate_setting = "OUTBOX_SITE_WATCHDOG_RATE_LIMIT"
+    burst_setting = "OUTBOX_SITE_WATCHDOG_RATE_BURST"
 
 
 # --- failed authentication --------------------------------------------------------------------

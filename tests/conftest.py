@@ -72,9 +72,10 @@ def _dispatch_trigger(request: pytest.FixtureRequest) -> None:
 def _fresh_rate_limits() -> None:
     """Each test starts with full per-site, failed-authentication and console-login token buckets."""
     from notifications.console_login import login_failures
-    from sites.throttling import SiteRateThrottle, auth_failures
+    from sites.throttling import SiteRateThrottle, SiteWatchdogThrottle, auth_failures
 
     SiteRateThrottle._buckets.clear()
+    SiteWatchdogThrottle._buckets.clear()
     auth_failures.clear()
     login_failures.clear()
 
