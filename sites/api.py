@@ -7,7 +7,13 @@ from typing import Any, cast
 
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -160,6 +166,7 @@ class ListNameField(OneLineField):
         return name
 
 
+@extend_schema_field(OpenApiTypes.DATETIME)
 class TimestampField(serializers.Field):
     """An ISO-8601 timestamp with a timezone, as ingest takes them; returned in UTC."""
 

@@ -128,8 +128,8 @@ def test_with_central_stopped_a_critical_alarm_reaches_the_plants_relay_and_cent
             message="the agent did not record the local delivery",
         )
         locally = local_status(world, critical)["delivered_locally_at"]
-        # Within after_seconds and one sweep of central becoming unreachable (a second for a busy host).
-        assert AFTER_SECONDS <= (at_iso(locally) - since).total_seconds() <= AFTER_SECONDS + SWEEP_SECONDS + 1
+        # Within after_seconds and one sweep of central becoming unreachable (2 s more for a busy host).
+        assert AFTER_SECONDS <= (at_iso(locally) - since).total_seconds() <= AFTER_SECONDS + SWEEP_SECONDS + 2
         assert local_status(world, normal)["local_delivery"] is None
         assert not Notification.objects.exists()
 
