@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from notifications.clock import database_now
+from notifications.ingest import notification_status_record
 from notifications.models import Notification
 from sites.models import Site, SiteHeartbeat, SiteSilence, Watchdog, WatchdogAlert
 from sites.tasks import watchdogs_task
@@ -38,6 +39,11 @@ def raised(kind=None):
     """The notifications watchdogs raised (of ``kind``), as rows of the outbox."""
     alerts = WatchdogAlert.objects.all() if kind is None else WatchdogAlert.objects.filter(kind=kind)
     return list(Notification.objects.filter(pk__in=alerts.values("notification_id")).order_by("created_at"))
+
+
+def priority(notification):
+    """The notification's priority in the API's words (its status record)."""
+    return notification_status_record(notification)["priority"]
 
 
 def heard(site, at):
@@ -143,7 +149,7 @@ def test_a_watchdog_that_misses_two_intervals_raises_one_high_notification_for_i
     assert report.raised == {"silent": 1}
     (notification,) = raised()
     assert notification.subject == f"Watchdog plant-a/pump-loop silent since {iso(pinged.replace(microsecond=0))}"
-    assert (notification.list_name, notification.type, notification.priority) == ("Operators", "email", 2)
+    assert (notification.list_name, notification.type, priority(notification)) == ("Operators", "email", "high")
     assert notification.source_site_id == "plant-a" and notification.source_instance_id == "pump-loop"
     assert "none came for two intervals" in notification.body
     assert Watchdog.objects.get().state == Watchdog.State.SILENT
@@ -165,7 +171,7 @@ def test_a_silent_watchdog_that_pings_again_raises_one_normal_notification_at_on
 
     assert answer["state"] == "ok"
     (recovered,) = raised(Kind.RECOVERED)
-    assert recovered.subject == "Watchdog plant-a/pump-loop pinging again" and recovered.priority == 1
+    assert recovered.subject == "Watchdog plant-a/pump-loop pinging again" and priority(recovered) == "normal"
     assert len(raised(Kind.SILENT)) == 1
 
 
@@ -255,7 +261,7 @@ def test_a_site_that_falls_silent_raises_one_notification_per_list_instead_of_on
     assert report.raised == {"site_silent": 2}
     assert sorted(n.list_name for n in raised(Kind.SITE_SILENT)) == ["Operators", "Shift-Leads"]
     assert all(n.subject == f"Site plant-a silent since {iso(last.replace(microsecond=0))}" for n in raised())
-    assert all(n.priority == 2 for n in raised()) and not raised(Kind.SILENT)
+    assert all(priority(n) == "high" for n in raised()) and not raised(Kind.SILENT)
     assert set(Watchdog.objects.values_list("state", flat=True)) == {"ok"}
 
 
@@ -277,7 +283,7 @@ def test_a_site_heard_from_again_raises_one_normal_notification_per_list_told_an
 
     assert report.raised == {"site_back": 2}
     assert sorted(n.list_name for n in raised(Kind.SITE_BACK)) == ["Operators", "Shift-Leads"]
-    assert all(n.subject == "Site plant-a heard from again" and n.priority == 1 for n in raised(Kind.SITE_BACK))
+    assert all(n.subject == "Site plant-a heard from again" and priority(n) == "normal" for n in raised(Kind.SITE_BACK))
     assert not raised(Kind.SILENT)
     assert SiteSilence.objects.get().back_at == back
 
