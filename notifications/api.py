@@ -25,7 +25,6 @@ from rest_framework.views import APIView
 from notifications.api_errors import ERROR_RESPONSES, ErrorSerializer
 from notifications.ingest import (
     ACCEPTED_FIELDS,
-    DEFAULT_PRIORITY,
     DEFAULT_TYPE,
     INVALID,
     MAX_TYPE_DATA_BYTES,
@@ -102,14 +101,6 @@ def _notification_in_fields() -> dict[str, serializers.Field]:
                 help_text=f"A JSON object of at most {MAX_TYPE_DATA_BYTES} bytes (for email not counting attachment "
                 "contents). Email reads html, reply_to, cc, priority and attachments from it (docs/api.md).",
             )
-        elif name == "priority":
-            fields[name] = serializers.ChoiceField(
-                choices=[label for _, label in Notification.Priority.choices],
-                default=DEFAULT_PRIORITY,
-                required=False,
-                allow_null=True,
-                help_text="How urgent: critical, high, normal (the default) or low.",
-            )
         elif name == "site_enqueued_at":
             fields[name] = serializers.DateTimeField(
                 required=False, allow_null=True, help_text="With a timezone. Default: the ingest time."
@@ -146,7 +137,6 @@ class StatusRecordSerializer(serializers.Serializer):
     notification_id = serializers.UUIDField()
     type = serializers.CharField()
     list_name = serializers.CharField()
-    priority = serializers.ChoiceField(choices=[label for _, label in Notification.Priority.choices])
     status = serializers.ChoiceField(choices=Notification.Status.choices)
     retry_count = serializers.IntegerField()
     last_error = serializers.CharField(

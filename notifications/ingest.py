@@ -90,10 +90,6 @@ TEXT_RULES = (
     TextRule("source_site_id", required=False, default=None),
 )
 
-# The API's words for a notification's priority, and the default.
-PRIORITY_VALUES = {label: value for value, label in Notification.Priority.choices}
-DEFAULT_PRIORITY = Notification.Priority.NORMAL.label
-
 INVALID = "invalid"
 SITE_MISMATCH = "site_mismatch"
 SITE_MISMATCH_DETAIL = "source_site_id does not match the site of the API key."
@@ -115,7 +111,6 @@ class NotificationInput:
     source_script: str
     site_enqueued_at: datetime | None  # None: the site did not say; central uses the ingest time
     source_site_id: str
-    priority: int = Notification.Priority.NORMAL
     # When the site delivered it itself (its agent's local fallback). Not part of the
     # fingerprint: a replay may add it (notifications.local_delivery).
     delivered_locally_at: datetime | None = None
@@ -125,10 +120,8 @@ class NotificationInput:
         """The fingerprint is the sha256 of the content; two submissions with one id must
         agree on it. Fields are joined with NUL, which validation keeps out of every field,
         so two different submissions cannot produce the same joined text. The site is not
-        part of it: a replay is judged against the stored row's site separately. A field added
-        later joins only when it is not its default, so that rows stored before it existed keep
-        their fingerprints."""
-        parts = [
+        part of it: a replay is judged against the stored row's site separately."""
+        parts = (
             self.type,
             self.list_name,
             self.subject,
@@ -137,9 +130,7 @@ class NotificationInput:
             self.source_instance_id,
             self.source_script,
             self.site_enqueued_at.isoformat() if self.site_enqueued_at else "",
-        ]
-        if self.priority != Notification.Priority.NORMAL:
-            parts.append(f"priority={Notification.Priority(self.priority).label}")
+        )
         object.__setattr__(self, "fingerprint", hashlib.sha256("\x00".join(parts).encode()).hexdigest())
 
 
@@ -332,18 +323,6 @@ def _timestamp_read(data: dict[str, Any], name: str, errors: dict[str, list[str]
     return parsed
 
 
-def _priority_read(data: dict[str, Any], errors: dict[str, list[str]]) -> int:
-    """The submitted ``priority`` (default: normal) as stored; an unknown one is a problem in
-    ``errors``."""
-    name = data.get("priority")
-    if name is None:
-        return Notification.Priority.NORMAL
-    if not isinstance(name, str) or name not in PRIORITY_VALUES:
-        errors["priority"] = [f"Must be one of {', '.join(reversed(PRIORITY_VALUES))}."]
-        return Notification.Priority.NORMAL
-    return PRIORITY_VALUES[name]
-
-
 def notification_validate(data: object, *, site_id: str) -> tuple[NotificationInput, None] | tuple[None, Rejection]:
     """Validate one object submitted with the key of site ``site_id``.
 
@@ -361,7 +340,6 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
     type_name = _type_read(data, errors)
     texts = _texts_read(data, errors)
     type_data = _type_data_read(data, type_name, errors)
-    priority = _priority_read(data, errors)
     site_enqueued_at = _timestamp_read(data, "site_enqueued_at", errors)
     delivered_locally_at = _timestamp_read(data, "delivered_locally_at", errors)
 
@@ -386,7 +364,6 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
             source_script=cast(str, texts["source_script"]),
             site_enqueued_at=site_enqueued_at,
             source_site_id=site_id,
-            priority=priority,
             delivered_locally_at=delivered_locally_at,
         ),
         None,
@@ -527,7 +504,6 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         "notification_id": str(notification.notification_id),
         "type": notification.type,
         "list_name": notification.list_name,
-        "priority": Notification.Priority(notification.priority).label,
         "status": notification.status,
         "retry_count": notification.retry_count,
         "last_error": notification.last_error if staff else text_site_masked(notification.last_error),

@@ -29,16 +29,6 @@ class NotificationStatus(models.TextChoices):
     DISCARDED = "Discarded"
 
 
-class NotificationPriority(models.IntegerChoices):
-    """How urgent a notification is; the API's words are the labels (critical, high, normal,
-    low). Also ``Notification.Priority``."""
-
-    LOW = 0, "low"
-    NORMAL = 1, "normal"
-    HIGH = 2, "high"
-    CRITICAL = 3, "critical"
-
-
 # Defined beside the class, not in it: the model's Meta (indexes, constraints) needs them too.
 NON_TERMINAL = (NotificationStatus.PENDING, NotificationStatus.RETRYING)
 TERMINAL = (NotificationStatus.DELIVERED, NotificationStatus.PARKED, NotificationStatus.DISCARDED)
@@ -48,7 +38,6 @@ class Notification(models.Model):
     """One notification raised at a site. Never edited by hand; deleted only by the purge."""
 
     Status = NotificationStatus
-    Priority = NotificationPriority
     NON_TERMINAL = NON_TERMINAL
     TERMINAL = TERMINAL
     BODY_MAX_LENGTH = 100_000  # the body is a TextField, which has no max_length; ingest enforces this
@@ -59,13 +48,6 @@ class Notification(models.Model):
     subject = models.CharField(max_length=255, blank=True)
     body = models.TextField(blank=True)
     type_data = models.JSONField(default=dict, blank=True)
-    # A database default too: rows inserted by SQL that predates the column stay valid, and the
-    # column is added without rewriting the table.
-    priority = models.PositiveSmallIntegerField(
-        choices=NotificationPriority.choices,
-        default=NotificationPriority.NORMAL,
-        db_default=NotificationPriority.NORMAL,
-    )
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     retry_count = models.PositiveIntegerField(default=0)  # failed attempts

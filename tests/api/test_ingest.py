@@ -35,7 +35,6 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "notification_id",
         "type",
         "list_name",
-        "priority",
         "status",
         "retry_count",
         "last_error",
@@ -459,27 +458,3 @@ def test_a_site_over_its_rate_limit_gets_429_with_retry_after_and_others_are_una
     other.credentials(HTTP_AUTHORIZATION=f"Api-Key {other_site_key}")
     assert post(other, make_payload()).status_code == 201
     assert Notification.objects.count() == 4
-
-
-# --- priority (what the round-3 agent sends for its urgent rows) ------------------------------
-
-
-def test_a_critical_notification_is_stored_with_its_priority_and_shown_in_its_status_record(api, payload):
-    response = post(api, {**payload, "priority": "critical"})
-    assert response.status_code == 201
-    assert response.json()["priority"] == "critical"
-    assert Notification.objects.get(pk=payload["notification_id"]).priority == Notification.Priority.CRITICAL
-    assert post(api, payload | {"notification_id": str(uuid.uuid4())}).json()["priority"] == "normal"
-
-
-def test_an_unknown_priority_is_refused_with_400_naming_the_field(api, payload):
-    response = post(api, {**payload, "priority": "urgent"})
-    assert response.status_code == 400
-    assert response.json()["errors"] == {"priority": ["Must be one of critical, high, normal, low."]}
-    assert not Notification.objects.exists()
-
-
-def test_a_replay_saying_normal_out_loud_is_a_replay_and_another_priority_is_a_conflict(api, payload):
-    assert post(api, payload).status_code == 201
-    assert post(api, {**payload, "priority": "normal"}).status_code == 200
-    assert post(api, {**payload, "priority": "high"}).status_code == 422
