@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('notifications', '0021_notification_priority'),
+        ('notifications', '0023_notification_priority'),
     ]
 
     operations = [

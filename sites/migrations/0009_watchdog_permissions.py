@@ -40,5 +40,5 @@ def revoke(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("sites", "0006_watchdogs")]
+    dependencies = [("sites", "0008_watchdogs")]
     operations = [migrations.RunPython(grant, revoke)]

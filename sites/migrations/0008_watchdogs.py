@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sites', '0005_staff_api_keys'),
+        ('sites', '0007_site_rate_limits'),
     ]
 
     operations = [
