@@ -684,6 +684,104 @@ def scenario_agent_link(world: World, tmp_dir: str) -> dict[str, Any]:
     return result
 
 
+def scenario_wan_cut_critical(world: World, tmp_dir: str) -> dict[str, Any]:
+    """A site's WAN is cut for "10 minutes" while it raises critical alarms and notices.
+
+    Every critical one goes out once through the plant's own relay (the agent's local
+    fallback), and all reach central once the link is back: the critical ones recorded there
+    as delivered locally and not sent again, the notices delivered by central."""
+    from tests.agent.local_relay import LocalRelay
+
+    title = "WAN cut 10 min with critical alarms"
+    started = time.monotonic()
+    # Time compressed: the cut lasts 20 s (8 s short) for 10 minutes, the fallback starts after
+    # half of it as 300 s of 600 would, the agent sweeps every 0.25 s instead of 10 s.
+    cut_seconds = 8.0 if world.short else 20.0
+    after = cut_seconds / 2
+    criticals_wanted, notices_wanted = (20, 30) if world.short else (60, 100)
+    world.start_dispatchers(2)
+    link = TcpProxy(world.web.port)
+    relay = LocalRelay().__enter__()
+    outbox = SiteOutbox(
+        Path(tmp_dir) / "wan-cut.sqlite3",
+        link.url,
+        world.key,
+        sweep_interval=0.25,
+        retry_interval=0.25,
+        heartbeat_interval=0.5,
+        timeout=2,
+        site_id="chaos-site",
+        fallback=relay.settings(after_seconds=after),
+    )
+    stop_event = threading.Event()
+    forwarder = threading.Thread(target=outbox.run_forever, args=(stop_event,), kwargs={"progress": None})
+    forwarder.start()
+    criticals: list[str] = []
+    notices = [outbox.notify("Operators").send(f"Before the cut {n}", "wan test") for n in range(10)]
+    try:
+        poll(lambda: outbox.stats()["buffered"] == 0, timeout=60, interval=0.1, message="no forwarding before the cut")
+        link.cut()
+        cut_at = time.monotonic()
+        # Alarms keep coming during the cut; the last ones a few sweeps before it ends.
+        raising = cut_seconds - 1.5
+        for n in range(criticals_wanted + notices_wanted):
+            if n % ((criticals_wanted + notices_wanted) // criticals_wanted) == 0 and len(criticals) < criticals_wanted:
+                criticals.append(outbox.notify("Operators").send(f"Gas alarm {n}", "H2S high", priority="critical"))
+            else:
+                notices.append(outbox.notify("Operators").send(f"Notice {n}", "wan test"))
+            time.sleep(raising / (criticals_wanted + notices_wanted))
+        poll(
+            lambda: set(relay.ids()) >= set(criticals),
+            timeout=cut_seconds + 30,
+            interval=0.1,
+            message="not every critical alarm reached the plant's relay during the cut",
+        )
+        time.sleep(max(0.0, cut_at + cut_seconds - time.monotonic()))
+        link.restore()
+        poll(
+            lambda: outbox.stats()["buffered"] == 0, timeout=120, interval=0.2, message="the site buffer never drained"
+        )
+    finally:
+        stop_event.set()
+        forwarder.join(timeout=30)
+        outbox.close()
+        link.close()
+        relay.__exit__(None, None, None)
+    result = evaluate(title, world, acked=notices, started=started)
+    drain(criticals)
+    close_old_connections()
+    at_central = dict(
+        Notification.objects.filter(pk__in=criticals).values_list("pk", "delivered_locally_at").iterator()
+    )
+    statuses = Counter(Notification.objects.filter(pk__in=criticals).values_list("status", flat=True))
+    local = relay.ids()
+    sent_by_central = world.smtp.count_by_notification_id()
+    lost = [nid for nid in criticals if uuid.UUID(nid) not in at_central]
+    local_once = sum(1 for nid in criticals if local[nid] == 1)
+    recorded = sum(1 for moment in at_central.values() if moment is not None)
+    resent = sum(1 for nid in criticals if sent_by_central[nid])
+    result["acked"] += len(criticals)
+    result["lost"] += len(lost)
+    result["duplicates"] += sum(local.values()) - len(local)
+    result["note"] = (
+        f"{len(criticals)} critical alarms: {local_once} delivered locally exactly once, {recorded} recorded at central "
+        f"as delivered locally ({statuses[Status.DELIVERED]} Delivered), {resent} sent again by central; "
+        f"{len(notices)} notices delivered by central after the cut"
+    )
+    if (
+        lost
+        or local_once != len(criticals)
+        or recorded != len(criticals)
+        or resent
+        or sum(local.values()) != len(criticals)
+    ):
+        result["ok"] = False
+    if statuses[Status.DELIVERED] != len(criticals):
+        result["ok"] = False
+    world.stop_dispatchers()
+    return result
+
+
 def scenario_agent_standby(world: World, tmp_dir: str) -> dict[str, Any]:
     """The site agent is killed with its disk lost, and a standby takes over from the replica."""
     from sites.agent.standby import RPO_SECONDS, StandbyError, find_litestream
@@ -1460,6 +1558,7 @@ SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "operator-race": scenario_operator_race,
     "agent-link": scenario_agent_link,
     "agent-standby": scenario_agent_standby,
+    "wan-cut-critical": scenario_wan_cut_critical,
     "poison-smtp-reply": scenario_poison_smtp_reply,
     "poison-site-batch": scenario_poison_in_site_batch,
     "long-outage": scenario_long_outage,
@@ -1473,7 +1572,7 @@ SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "flood-site": scenario_flood_from_one_site,
 }
 # Scenarios that need the run's temporary directory (a site buffer).
-NEEDS_TMP_DIR = {"agent-link", "agent-standby", "poison-site-batch", "central-unreachable"}
+NEEDS_TMP_DIR = {"agent-link", "agent-standby", "poison-site-batch", "central-unreachable", "wan-cut-critical"}
 
 
 def print_table(results: list[dict[str, Any]]) -> None:

@@ -115,6 +115,14 @@ def _notification_in_fields() -> dict[str, serializers.Field]:
                 help_text="Dispatch takes higher priorities first; high and critical also mark an email important. "
                 "Critical notifications draw on a rate budget of their own (docs/api.md).",
             )
+        elif name == "delivered_locally_at":
+            fields[name] = serializers.DateTimeField(
+                required=False,
+                allow_null=True,
+                help_text="When the site delivered it through its own local relay (the agent's fallback), with a "
+                "timezone. Not part of the idempotency fingerprint: a replay may add it to a row that is not yet "
+                "Delivered. Central then does not send it unless the list sets resend_after_local_delivery.",
+            )
         else:
             raise ImproperlyConfigured(f"the API does not describe the submitted field {name!r}")
     return fields
@@ -157,6 +165,9 @@ class StatusRecordSerializer(serializers.Serializer):
     last_attempt_at = serializers.DateTimeField(allow_null=True)
     next_attempt_at = serializers.DateTimeField(allow_null=True)
     delivered_at = serializers.DateTimeField(allow_null=True)
+    delivered_locally_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the site delivered it through its own local relay (the site's clock)."
+    )
     delivery_summary = serializers.CharField(
         allow_blank=True,
         help_text='Per-target outcome in words, e.g. "delivered to 118 of 120, 2 refused (550)"; empty until an '

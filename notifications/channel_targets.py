@@ -282,7 +282,8 @@ def _apprise_server(url: str) -> str:
 def target_site_masked(*, channel: str, target: str) -> str:
     """One target as a site sees it: an email address as ``o***@example.com``, a phone number as
     ``+49***456``, a Teams or webhook URL as its host, an Apprise URL as its scheme (and host
-    when the service has one). ``target`` is the form stored in ``resolved_targets``."""
+    when the service has one), the local relay of a site that delivered a row itself as stored.
+    ``target`` is the form stored in ``resolved_targets``."""
     if not isinstance(target, str) or not target:
         return MASK
     if channel == "email":
@@ -293,6 +294,8 @@ def target_site_masked(*, channel: str, target: str) -> str:
         return url_host(target)
     if channel == "apprise":
         return apprise_url_site_masked(target)
+    if channel == "site":
+        return target  # the site's own relay, named by the site id (notifications.local_delivery)
     return MASK
 
 

@@ -71,7 +71,7 @@ SMTP_SECRETS = ("password", "oauth_client_secret")
 # OAuth client certificate's path (not a secret, so exported; absent keeps the stored one).
 SMTP_CREDENTIALS = (*SMTP_SECRETS, "oauth_client_certificate")
 SMTP_REQUIRED = ("host", "from_address")
-LIST_FIELDS = {"name", "description", "recipient_mode", "email", *TARGET_KEYS}
+LIST_FIELDS = {"name", "description", "recipient_mode", "resend_after_local_delivery", "email", *TARGET_KEYS}
 SITE_FIELDS = {"site_id", "name", "active", "rate_limit", "rate_burst"}
 SECTIONS = ("smtp", "channels", "policies", "lists", "sites")
 
@@ -187,6 +187,8 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
         if not isinstance(mode, str) or mode not in NotificationList.RecipientMode.values:
             allowed = ", ".join(NotificationList.RecipientMode.values)
             problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
+        if not isinstance(entry.get("resend_after_local_delivery", False), bool):
+            problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
         validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
@@ -346,6 +348,9 @@ def _list_import(entry: dict[str, Any], notification_list: NotificationList | No
     notification_list.name = name
     notification_list.description = entry.get("description", notification_list.description)
     notification_list.recipient_mode = entry.get("recipient_mode", notification_list.recipient_mode)
+    notification_list.resend_after_local_delivery = entry.get(
+        "resend_after_local_delivery", notification_list.resend_after_local_delivery
+    )
     notification_list.save()
     notification_list.email_recipients.all().delete()
     EmailRecipient.objects.bulk_create(
@@ -391,6 +396,7 @@ def configuration_export() -> dict[str, Any]:
                 "name": notification_list.name,
                 "description": notification_list.description,
                 "recipient_mode": notification_list.recipient_mode,
+                "resend_after_local_delivery": notification_list.resend_after_local_delivery,
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
                 **list_targets_export(notification_list),
             }

@@ -28,6 +28,7 @@ from notifications import db
 from notifications.channel_targets import teams_type_data_stored, teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
+from notifications.local_delivery import notifications_delivered_locally_record
 from notifications.models import PRIORITY_NAMES, Notification
 from notifications.providers import notification_targets
 from notifications.trigger import dispatch_request
@@ -114,6 +115,9 @@ class NotificationInput:
     site_enqueued_at: datetime | None  # None: the site did not say; central uses the ingest time
     source_site_id: str
     priority: int = Notification.Priority.NORMAL
+    # When the site delivered it itself (its agent's local fallback). Not part of the
+    # fingerprint: a replay may add it (notifications.local_delivery).
+    delivered_locally_at: datetime | None = None
     fingerprint: str = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -328,6 +332,18 @@ def _type_data_read(data: dict[str, Any], type_name: Any, errors: dict[str, list
     return type_data
 
 
+def _timestamp_read(data: dict[str, Any], name: str, errors: dict[str, list[str]]) -> datetime | None:
+    """The optional timestamp ``name`` in UTC (None when omitted or null); a problem in
+    ``errors``."""
+    if data.get(name) is None:
+        return None
+    parsed = _parse_timestamp(data[name])
+    if isinstance(parsed, str):
+        errors[name] = [parsed]
+        return None
+    return parsed
+
+
 def notification_validate(data: object, *, site_id: str) -> tuple[NotificationInput, None] | tuple[None, Rejection]:
     """Validate one object submitted with the key of site ``site_id``.
 
@@ -346,13 +362,8 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
     priority = _priority_read(data, errors)
     texts = _texts_read(data, errors)
     type_data = _type_data_read(data, type_name, errors)
-    site_enqueued_at = None
-    if data.get("site_enqueued_at") is not None:
-        parsed = _parse_timestamp(data["site_enqueued_at"])
-        if isinstance(parsed, str):
-            errors["site_enqueued_at"] = [parsed]
-        else:
-            site_enqueued_at = parsed
+    site_enqueued_at = _timestamp_read(data, "site_enqueued_at", errors)
+    delivered_locally_at = _timestamp_read(data, "delivered_locally_at", errors)
 
     if errors:
         return None, rejection_invalid(errors)
@@ -376,6 +387,7 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
             site_enqueued_at=site_enqueued_at,
             source_site_id=site_id,
             priority=priority,
+            delivered_locally_at=delivered_locally_at,
         ),
         None,
     )
@@ -441,8 +453,25 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
             outcomes.append(IngestOutcome(nid, "replayed", stored))
         else:
             outcomes.append(IngestOutcome(nid, "conflict", None))
+    _delivered_locally_add(site_id=site_id, inputs=inputs, outcomes=outcomes)
     _outcomes_log(site_id=site_id, inputs=inputs, outcomes=outcomes)
     return outcomes
+
+
+def _delivered_locally_add(*, site_id: str, inputs: Sequence[NotificationInput], outcomes: list[IngestOutcome]) -> None:
+    """Replays that say the site delivered the row itself add that to a row that does not say
+    so yet (notifications.local_delivery); the outcome's row shows it."""
+    moments: dict[uuid.UUID, datetime] = {}
+    for item, outcome in zip(inputs, outcomes, strict=True):
+        row = outcome.notification
+        if item.delivered_locally_at is not None and outcome.result == "replayed" and row.delivered_locally_at is None:
+            moments.setdefault(item.notification_id, item.delivered_locally_at)
+    if not moments:
+        return
+    recorded = notifications_delivered_locally_record(site_id=site_id, moments=moments)
+    for outcome in outcomes:
+        if outcome.notification_id in recorded:
+            outcome.notification.delivered_locally_at = moments[outcome.notification_id]
 
 
 def _outcomes_log(*, site_id: str, inputs: Sequence[NotificationInput], outcomes: list[IngestOutcome]) -> None:
@@ -509,6 +538,7 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         "last_attempt_at": _iso(notification.last_attempt_at),
         "next_attempt_at": _iso(notification.next_attempt_at),
         "delivered_at": _iso(notification.delivered_at),
+        "delivered_locally_at": _iso(getattr(notification, "delivered_locally_at", None)),
         **_targets_record(getattr(notification, "resolved_targets", None)),
         "targets": notification_targets(notification, staff=staff),
     }

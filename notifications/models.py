@@ -101,6 +101,10 @@ class Notification(models.Model):
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # When the site's agent delivered it through its local fallback relay while central was
+    # unreachable (the site's clock; notifications.local_delivery). Central does not send such a
+    # row again unless its list sets resend_after_local_delivery.
+    delivered_locally_at = models.DateTimeField(null=True, blank=True)
 
     # The claim is a lease, not a status: a row whose lease expired is due again.
     claimed_by = models.CharField(max_length=64, blank=True)
@@ -294,6 +298,15 @@ class NotificationList(models.Model):
             "another's address. Individual: one message per member, addressed to that member "
             "alone, each with its own outcome. To: one message listing every member in To: (all "
             "members see each other; use only where that is wanted)."
+        ),
+    )
+    resend_after_local_delivery = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text=(
+            "A site whose link to central was down may already have delivered an urgent notification "
+            "through its own local relay (the site agent's fallback). Off (the default): central records "
+            "that and does not send it again. On: central delivers it to this list as well."
         ),
     )
 

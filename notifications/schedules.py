@@ -3,6 +3,8 @@
 * **dispatch sweep**, every minute: retries that became due, leases that expired, triggers
   that were lost.
 * **retention purge**, daily at 03:00 UTC.
+* **watchdogs**, every minute: the sites' watchdogs judged (sites.watchdogs), notifications
+  raised for those that fell silent or ping again, and for sites that fell silent.
 
 Both are created (or brought up to date) by every ``migrate`` — a ``post_migrate`` handler calls
 :func:`schedules_ensure` — so a deployment needs no step of its own; ``setup_schedules`` does the
@@ -22,10 +24,12 @@ from django_q.models import Schedule
 from notifications.trigger import DISPATCH_TASK
 
 PURGE_TASK = "notifications.tasks.purge_task"
+WATCHDOGS_TASK = "sites.tasks.watchdogs_task"
 
 SCHEDULES: dict[str, dict[str, Any]] = {
     "outbox: dispatch sweep": {"func": DISPATCH_TASK, "schedule_type": Schedule.MINUTES, "minutes": 1},
     "outbox: retention purge": {"func": PURGE_TASK, "schedule_type": Schedule.DAILY, "first_run_hour": 3},
+    "outbox: watchdogs": {"func": WATCHDOGS_TASK, "schedule_type": Schedule.MINUTES, "minutes": 1},
 }
 
 

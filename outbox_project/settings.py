@@ -366,7 +366,8 @@ if OUTBOX_SITE_RATE_LIMIT < 0:
 # false: the oldest due first whatever the site or priority (a diagnostic switch; the
 # fairness benchmark's reference).
 OUTBOX_FAIR_CLAIM = _read("OUTBOX_FAIR_CLAIM", "bool", True)
-# A site whose agent sent no heartbeat for this many seconds is shown "silent" (console, KPIs).
+# A site whose agent has heart-beated and then sent no heartbeat for this many seconds is shown
+# "silent" (console, KPIs); a site that only posts directly is never silent.
 OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
 # Failed authentications (API keys, staff tokens) allowed per client address and per credential
 # in a burst, refilled at this many per minute, per web process; then 429 before any check.

@@ -1,6 +1,7 @@
 """Sites in the admin: register and deactivate sites, see when each was last heard from and what
-its agent reported (backlog, parked rows, a "silent" badge), issue keys (the plaintext is shown
-once) and revoke them. "Parked at sites" lists notifications parked at the sites, with Retry
+its agent reported (backlog, parked rows, a "silent" badge, or "direct" for a site without an
+agent), issue keys (the plaintext is shown once) and revoke them, see its watchdogs
+(sites.watchdogs_admin). "Parked at sites" lists notifications parked at the sites, with Retry
 and Discard (with a reason) sent to the site's agent as commands; "Site commands" is their
 history (pending / done / failed)."""
 
@@ -35,6 +36,7 @@ from sites.services import (
     site_key_issue,
     site_key_revoke,
 )
+from sites.watchdogs_admin import WatchdogInline
 
 # Central authenticates sites with SiteAPIKey only; the library's generic APIKey model is
 # unused, and listing it beside site keys would suggest keys that authenticate nothing.
@@ -122,13 +124,21 @@ def _fallback_line(fallback: Any) -> str:
     )
 
 
-def silent_badge(heartbeat: SiteHeartbeat | None, *, now: Any) -> str:
-    """The "silent" badge for a site whose agent has not sent a heartbeat for
-    OUTBOX_SITE_SILENT_AFTER (or never has); empty for a site heard from in time."""
-    received = None if heartbeat is None else heartbeat.received_at
-    if not site_is_silent(last_heartbeat_at=received, now=now):
+def silent_badge(heartbeat: SiteHeartbeat | None, *, now: Any, last_seen_at: Any = None) -> str:
+    """The "silent" badge for a site whose agent has sent heartbeats but none for
+    OUTBOX_SITE_SILENT_AFTER; empty for a site heard from in time. A site whose agent never sent
+    one posts directly: "direct" and its last post (``last_seen_at``), never silent."""
+    if heartbeat is None:
+        if last_seen_at is None:
+            return format_html('<span class="site-never-heard">{}</span>', "not heard from yet")
+        return format_html(
+            '<span class="outbox-badge outbox-direct site-direct" title="{}">direct</span> last post {} UTC',
+            "No agent heartbeats: this site posts to central directly, so it is never shown silent",
+            _when(last_seen_at),
+        )
+    if not site_is_silent(last_heartbeat_at=heartbeat.received_at, now=now):
         return ""
-    title = "No heartbeat from this site's agent yet" if received is None else f"Last heartbeat {_when(received)} UTC"
+    title = f"Last heartbeat {_when(heartbeat.received_at)} UTC"
     return format_html('<span class="outbox-badge outbox-status-parked site-silent" title="{}">silent</span>', title)
 
 
@@ -149,7 +159,7 @@ class SiteAdmin(admin.ModelAdmin):
     list_filter = ("active",)
     search_fields = ("site_id", "name")
     readonly_fields = ("created_at", "last_seen_at", "agent_state", "agent_details", "refused_keys")
-    inlines = [SiteAPIKeyInline]
+    inlines = [SiteAPIKeyInline, WatchdogInline]
 
     class Media:
         css = {"all": ["notifications/admin.css"]}
@@ -177,11 +187,12 @@ class SiteAdmin(admin.ModelAdmin):
     def live_keys(self, site: Any) -> int:
         return site.live_keys
 
-    @admin.display(description="silent")
+    @admin.display(description="silent / direct")
     def silent_column(self, site: Site) -> str:
         if not site.active:
             return ""
-        return silent_badge(self._heartbeat(site), now=getattr(self, "_now", None) or database_now())
+        now = getattr(self, "_now", None) or database_now()
+        return silent_badge(self._heartbeat(site), now=now, last_seen_at=site.last_seen_at)
 
     @admin.display(description="last heartbeat (UTC)", ordering="heartbeat__received_at")
     def heartbeat_column(self, site: Site) -> str:
@@ -212,7 +223,10 @@ class SiteAdmin(admin.ModelAdmin):
     def agent_state(self, site: Site) -> str:
         heartbeat = self._heartbeat(site)
         if heartbeat is None:
-            return "No heartbeat received from this site's agent yet."
+            return format_html(
+                "{} No heartbeat received from this site's agent: it is never shown silent.",
+                silent_badge(None, now=None, last_seen_at=site.last_seen_at),
+            )
         badge = silent_badge(heartbeat, now=database_now()) if site.active else ""
         return format_html(
             "{} {} UTC · agent {} · {} buffered (oldest {}) · {} parked · last forward {} UTC{}",

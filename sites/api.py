@@ -1,12 +1,19 @@
 """The site-facing API for agents' own state (docs/api.md, "Sites"): heartbeats, parked
-reports and command acknowledgements. Site-key authentication, like ingest. Views validate
+reports, command acknowledgements and watchdog pings. Site-key authentication, like ingest. Views validate
 with a serializer, call one sites.services function and render."""
 
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,14 +21,17 @@ from rest_framework.views import APIView
 
 from notifications.api_errors import ERROR_RESPONSES, ErrorSerializer
 from notifications.channel_targets import text_site_masked
-from sites.models import Site, SiteCommand, SiteParkedNotification
-from sites.rate_limits import AGENT
+from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
+from notifications.vocabulary import ADAPTER_PATHS
+from sites.models import Site, SiteCommand, SiteParkedNotification, Watchdog
+from sites.rate_limits import AGENT, WATCHDOG
 from sites.services import (
     SiteParkedReportError,
     site_command_acknowledge,
     site_heartbeat_record,
     site_parked_report,
 )
+from sites.watchdogs import watchdog_ping
 
 MAX_REPORT_ITEMS = 1000
 MAX_TEXT = 10_000
@@ -158,6 +168,90 @@ class CommandStateSerializer(serializers.Serializer):
     detail = serializers.CharField(allow_blank=True)
 
 
+class OneLineField(TextField):
+    """A one-line text (no line breaks or other control characters), not blank."""
+
+    default_error_messages = {"control": "{problem}", "blank": "Must not be blank."}
+
+    def to_internal_value(self, data: Any) -> str:
+        text = super().to_internal_value(data)
+        if "\r" in text or "\n" in text:
+            self.fail("control", problem="Must not contain line breaks (CR or LF).")
+        problem = text_control_problem(text)
+        if problem:
+            self.fail("control", problem=problem)
+        if not text.strip():
+            self.fail("blank")
+        return text
+
+
+class ListNameField(OneLineField):
+    """A notification list's name, in the form and with the checks of ingest."""
+
+    def to_internal_value(self, data: Any) -> str:
+        name = list_name_normalize(super().to_internal_value(data))
+        if len(name) > 200:
+            self.fail("max_length", max_length=200)
+        problem = list_name_problem(name)
+        if problem:
+            self.fail("control", problem=problem)
+        return name
+
+
+@extend_schema_field(OpenApiTypes.DATETIME)
+class TimestampField(serializers.Field):
+    """An ISO-8601 timestamp with a timezone, as ingest takes them; returned in UTC."""
+
+    default_error_messages = {
+        "invalid": "Is not an ISO-8601 timestamp, e.g. 2026-11-21T10:00:00Z.",
+        "naive": "Must include a timezone (e.g. a trailing Z for UTC).",
+    }
+
+    def to_internal_value(self, data: Any) -> datetime:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        try:
+            parsed = datetime.fromisoformat(data)
+        except ValueError:
+            self.fail("invalid")
+        if parsed.tzinfo is None or parsed.utcoffset() is None:
+            self.fail("naive")
+        try:
+            return parsed.astimezone(UTC)
+        except (OverflowError, ValueError):
+            self.fail("invalid")
+
+    def to_representation(self, value: datetime) -> str:
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class WatchdogPingSerializer(serializers.Serializer):
+    """One ping of a watchdog: the script is alive. The interval, list and channel are the
+    ping's (the latest ping says them)."""
+
+    name = OneLineField(max_length=200, trim_whitespace=False, help_text="Names the watchdog within the site.")
+    every_seconds = CountField(
+        min_value=1, max_value=Watchdog.MAX_EVERY_SECONDS, help_text="The script pings at least this often."
+    )
+    list_name = ListNameField(max_length=1000, help_text="Who hears when the pings stop.")
+    type = serializers.ChoiceField(choices=sorted(ADAPTER_PATHS), required=False, default="email")
+    pinged_at = TimestampField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="When the site pinged (its clock). Central takes min(pinged_at, its own clock); default: now.",
+    )
+
+
+class WatchdogStateSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    state = serializers.ChoiceField(choices=Watchdog.State.choices)
+    last_ping_at = serializers.DateTimeField()
+    every_seconds = serializers.IntegerField()
+    list_name = serializers.CharField()
+    type = serializers.CharField()
+
+
 SITE_ERRORS = {code: ERROR_RESPONSES[code] for code in (400, 401, 403, 413, 415, 429, 503)}
 
 
@@ -263,5 +357,33 @@ class CommandAckView(APIView):
                 "notification_id": str(command.notification_id),
                 "state": command.state,
                 "detail": command.detail,
+            }
+        )
+
+
+class WatchdogPingView(APIView):
+    """Watchdog pings: a budget of their own in the site rate limits, never drawn by notifications."""
+
+    site_rate_scope = WATCHDOG
+
+    @extend_schema(
+        request=WatchdogPingSerializer,
+        responses={
+            200: OpenApiResponse(WatchdogStateSerializer, description="Recorded; the watchdog as central has it"),
+            **SITE_ERRORS,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """One ping of a watchdog of the calling site (created by its first ping)."""
+        data = _validated(WatchdogPingSerializer, request)
+        watchdog = watchdog_ping(site=_site(request), **data)
+        return Response(
+            {
+                "name": watchdog.name,
+                "state": watchdog.state,
+                "last_ping_at": watchdog.last_ping_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+                "every_seconds": watchdog.every_seconds,
+                "list_name": watchdog.list_name,
+                "type": watchdog.type,
             }
         )

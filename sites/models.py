@@ -5,10 +5,12 @@ from typing import ClassVar
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, validate_slug
+from django.core.validators import MaxValueValidator, MinValueValidator, validate_slug
 from django.db import models
 from django.utils import timezone
 from rest_framework_api_key.models import AbstractAPIKey, APIKeyManager
+
+from notifications.vocabulary import TYPE_CHOICES
 
 
 def rate_burst_validate(value: int) -> None:
@@ -253,3 +255,104 @@ class SiteRateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.site_id} {self.scope}: {self.tokens:.1f}"
+
+
+# --- watchdogs (sites.watchdogs) -----------------------------------------------------------------
+
+
+class WatchdogState(models.TextChoices):
+    """Whether a watchdog is pinging (ok), has missed two intervals (silent), or is no longer
+    watched (retired). Also ``Watchdog.State``."""
+
+    OK = "ok", "ok"
+    SILENT = "silent", "silent"
+    RETIRED = "retired", "retired"
+
+
+class Watchdog(models.Model):
+    """A dead-man switch of a site script: the script pings it at least every ``every_seconds``;
+    when two intervals pass without a ping, central raises one notification for ``list_name``
+    and ``type``, and one more when it pings again (sites.watchdogs). Created by its first
+    ping; the latest ping says its interval, list and channel."""
+
+    State = WatchdogState
+    MAX_EVERY_SECONDS = 7 * 24 * 3600  # a week: the longest interval a dead-man switch is useful for
+
+    site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="watchdogs")
+    name = models.CharField(max_length=200)
+    every_seconds = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_EVERY_SECONDS)],
+        help_text="The script promises a ping at least this often.",
+    )
+    list_name = models.CharField(max_length=200, help_text="Who hears when the pings stop.")
+    type = models.CharField(max_length=32, choices=TYPE_CHOICES, default="email")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.OK)
+    last_ping_at = models.DateTimeField(help_text="The latest ping central has (never moves backwards).")
+    # The last ping before the watchdog fell silent: the silence's key (its notifications' ids).
+    silent_since = models.DateTimeField(null=True, blank=True)
+    # The site's heartbeat at which the watchdog was first found past its deadline; a later
+    # heartbeat without a newer ping confirms the silence (sites.watchdogs).
+    overdue_heard_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+    retired_at = models.DateTimeField(null=True, blank=True)
+    retired_by = models.CharField(max_length=150, blank=True)  # a username, kept if the user goes
+
+    class Meta:
+        ordering = ["site", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["site", "name"], name="sites_watchdog_one_per_site_and_name"),
+            models.CheckConstraint(condition=models.Q(state__in=WatchdogState.values), name="sites_watchdog_state"),
+            models.CheckConstraint(condition=models.Q(every_seconds__gte=1), name="sites_watchdog_every_positive"),
+        ]
+        permissions = [("retire_watchdog", "Can retire a watchdog (stop watching it)")]
+
+    def __str__(self) -> str:
+        return f"{self.site_id}/{self.name}"
+
+
+class SiteSilence(models.Model):
+    """A time a site with watchdogs fell silent (its agent stopped heart-beating): while it lasts,
+    its watchdogs are not judged one by one, and one "site silent" notification goes to each list
+    they report to (sites.watchdogs)."""
+
+    site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="silences")
+    since = models.DateTimeField(help_text="The site's last heartbeat before it fell silent.")
+    noticed_at = models.DateTimeField(default=timezone.now)
+    back_at = models.DateTimeField(null=True, blank=True, help_text="The heartbeat that ended the silence.")
+
+    class Meta:
+        verbose_name = "site silence"
+        verbose_name_plural = "site silences"
+        ordering = ["-since"]
+        constraints = [models.UniqueConstraint(fields=["site", "since"], name="sites_silence_one_per_heartbeat")]
+
+    def __str__(self) -> str:
+        return f"{self.site_id} silent since {self.since:%Y-%m-%d %H:%M:%S}"
+
+
+class WatchdogAlert(models.Model):
+    """A notification central raised about a watchdog or a silent site: which one, to whom and
+    when (the notification itself is an ordinary row of the outbox)."""
+
+    class Kind(models.TextChoices):
+        SILENT = "silent", "watchdog silent"
+        RECOVERED = "recovered", "watchdog pinging again"
+        SITE_SILENT = "site_silent", "site silent"
+        SITE_BACK = "site_back", "site heard from again"
+
+    site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="watchdog_alerts")
+    watchdog = models.ForeignKey(Watchdog, null=True, blank=True, on_delete=models.CASCADE, related_name="alerts")
+    silence = models.ForeignKey(SiteSilence, null=True, blank=True, on_delete=models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    notification_id = models.UUIDField(unique=True)
+    list_name = models.CharField(max_length=200)
+    type = models.CharField(max_length=32)
+    raised_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "watchdog notification"
+        ordering = ["-raised_at"]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.site_id} → {self.list_name}"

@@ -145,10 +145,12 @@ def staff_key_touch_last_used(*, staff_key: StaffAPIKey) -> None:
 
 
 def site_is_silent(*, last_heartbeat_at: datetime | None, now: datetime) -> bool:
-    """True when a site's agent has not sent a heartbeat for OUTBOX_SITE_SILENT_AFTER seconds
-    (or never has)."""
+    """True when a site's agent, which has sent heartbeats, has sent none for
+    OUTBOX_SITE_SILENT_AFTER seconds. A site whose agent never sent one (``last_heartbeat_at``
+    None: a site that posts directly, or one not heard from yet) is never silent: nothing
+    promised heartbeats."""
     if last_heartbeat_at is None:
-        return True
+        return False
     return now - last_heartbeat_at > timedelta(seconds=settings.OUTBOX_SITE_SILENT_AFTER)
 
 
@@ -371,20 +373,28 @@ def site_command_acknowledge(*, site: Site, command_id: uuid.UUID, result: str, 
 # --- site figures for the KPIs ------------------------------------------------------------------
 
 
+def _iso_or_none(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
+
+
 def sites_kpis() -> dict[str, dict[str, Any]]:
     """For every active site: ``site_backlog`` (rows its agent holds for central),
     ``parked_at_site``, ``silent`` and ``last_heartbeat_at`` (ISO, None if never), from the
-    latest heartbeats. The backlog and parked figures are None for a site never heard from."""
+    latest heartbeats; ``direct`` (its agent never sent a heartbeat: it posts directly, and is
+    never silent) and ``last_seen_at`` (its last authenticated request, ISO, None if never).
+    The backlog and parked figures are None for a site whose agent was never heard from."""
     now = database_now()
     figures = {}
-    for site_id, received_at, buffered, parked in Site.objects.filter(active=True).values_list(
-        "site_id", "heartbeat__received_at", "heartbeat__buffered", "heartbeat__parked"
+    for site_id, received_at, buffered, parked, last_seen_at in Site.objects.filter(active=True).values_list(
+        "site_id", "heartbeat__received_at", "heartbeat__buffered", "heartbeat__parked", "last_seen_at"
     ):
         figures[site_id] = {
             "site_backlog": buffered,
             "parked_at_site": parked,
             "silent": site_is_silent(last_heartbeat_at=received_at, now=now),
-            "last_heartbeat_at": None if received_at is None else received_at.isoformat().replace("+00:00", "Z"),
+            "last_heartbeat_at": _iso_or_none(received_at),
+            "direct": received_at is None,
+            "last_seen_at": _iso_or_none(last_seen_at),
         }
     return figures
 

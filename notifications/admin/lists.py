@@ -43,7 +43,7 @@ class NotificationListForm(forms.ModelForm):
 
     class Meta:
         model = NotificationList
-        fields = ("name", "description", "recipient_mode")
+        fields = ("name", "description", "recipient_mode", "resend_after_local_delivery")
         widgets = {"recipient_mode": forms.RadioSelect}
 
     def clean_name(self) -> str:

@@ -306,6 +306,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
                     "last_attempt_at",
                     "next_attempt_at",
                     "delivered_at",
+                    "delivered_locally_at",
                     "expired_at",
                     "claim_display",
                 )
@@ -385,13 +386,16 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         badge = format_html(
             '<span class="outbox-badge outbox-status-{}">{}</span>', STATUS_CSS.get(obj.status, "other"), obj.status
         )
-        # The list shows "stuck" beside the status (one column less).
-        return format_html("{}{}", badge, self.stuck_badge(obj))
+        # The list shows "stuck" and "delivered locally" beside the status (one column less).
+        return format_html("{}{}{}", badge, self.stuck_badge(obj), local_delivery_badge(obj))
 
     @admin.display(description="status")
     def status_display(self, obj: Notification) -> SafeString:
         return format_html(
-            '<span class="outbox-badge outbox-status-{}">{}</span>', STATUS_CSS.get(obj.status, "other"), obj.status
+            '<span class="outbox-badge outbox-status-{}">{}</span>{}',
+            STATUS_CSS.get(obj.status, "other"),
+            obj.status,
+            local_delivery_badge(obj),
         )
 
     @admin.display(description="priority", ordering="priority")
@@ -775,3 +779,14 @@ def _cell(value: object) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False)
     return str(value)
+
+
+def local_delivery_badge(obj: Notification) -> str:
+    """The "delivered locally at the site" badge of a row whose site's agent delivered it through
+    its own relay while central was unreachable (notifications.local_delivery); empty otherwise."""
+    if obj.delivered_locally_at is None:
+        return ""
+    return format_html(
+        ' <span class="outbox-badge outbox-local" title="{}">delivered locally at the site</span>',
+        f"The site's agent sent it through its local relay at {console_time(obj.delivered_locally_at)}",
+    )

@@ -72,6 +72,8 @@ CLAIM_FIELDS = (
     "requeued_at",
     "claimed_by",
     "claimed_until",
+    # A row the site delivered itself is settled without a delivery (notifications.local_delivery).
+    "delivered_locally_at",
 )
 # Within a key, rows without a due time first, then by it: the claim index's order.
 DUE_ORDER = F("next_attempt_at").asc(nulls_first=True)

@@ -44,6 +44,7 @@ from notifications.dispatch.finish import (
     notifications_finish,
 )
 from notifications.health import Channel, dispatch_channels
+from notifications.local_delivery import notifications_settle_delivered_locally
 from notifications.models import Notification
 from notifications.policies import delivery_policy_default
 from notifications.vocabulary import CHANNEL_FAILURES, HEALTHY_FAILURES, FailureClass
@@ -336,8 +337,10 @@ class _Pass:
             logger.exception("could not ask other workers to join a backlog")
 
     def _start(self, claim: Claim, clock: DatabaseClock, pool: ThreadPoolExecutor) -> None:
-        """Resolve, record the attempts, finish the rows that cannot be delivered, and hand the
-        deliveries of the rest to ``pool``."""
+        """Settle the rows their site delivered itself, resolve, record the attempts, finish the
+        rows that cannot be delivered, and hand the deliveries of the rest to ``pool``."""
+        if not self._settle_delivered_locally(claim, clock):
+            return
         lease = settings.OUTBOX_LEASE_SECONDS
         lease_deadline = time.monotonic() + lease
         for row in claim.rows:
@@ -371,6 +374,16 @@ class _Pass:
             self.results.watch(future)
         if early:
             self._finish_durably(batch, early)
+
+    def _settle_delivered_locally(self, claim: Claim, clock: DatabaseClock) -> bool:
+        """Finish the claimed rows their site delivered itself (unless their list resends them),
+        without an attempt, and leave the others in ``claim``; whether any are left."""
+        settled = notifications_settle_delivered_locally(worker_id=self.worker_id, rows=claim.rows, now=clock.now())
+        if settled:
+            done = {row.pk for row in settled}
+            claim.rows = [row for row in claim.rows if row.pk not in done]
+            self.report.delivered += len(settled)
+        return bool(claim.rows)
 
     def _plan(self, rows: list[Notification]) -> list[tuple[Notification, list[str], DeliveryError | None]]:
         """Each row with its targets, resolved now (one query per type), or the error that

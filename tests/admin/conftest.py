@@ -34,6 +34,7 @@ def ensure_roles():
         )
         site_roles = importlib.import_module("sites.migrations.0003_site_operator_permissions")
         site_roles.grant(apps, editor)
+        importlib.import_module("sites.migrations.0009_watchdog_permissions").grant(apps, editor)
 
 
 def make_user(username, *, groups=(), permissions=(), superuser=False):

@@ -40,6 +40,9 @@ def test_migration_creates_operators_who_view_and_act_on_notifications_and_view_
         "notifications.view_emailrecipient",
         # The worker processes and what each last did (the worker heartbeat), read-only.
         "notifications.view_workerprocess",
+        # The sites' watchdogs and the notifications they raised, read-only (Administrators retire them).
+        "sites.view_watchdog",
+        "sites.view_watchdogalert",
     }
 
 
@@ -68,6 +71,7 @@ def test_migration_gives_administrators_lists_smtp_and_sites_as_well():
         "sites.%s_siteapikey",
     ):
         assert {model % action for action in ("view", "add", "change", "delete")} <= granted
+    assert "sites.retire_watchdog" in granted
     assert (
         not {"notifications.add_notification", "notifications.change_notification", "notifications.delete_notification"}
         & granted

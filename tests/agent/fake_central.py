@@ -260,8 +260,8 @@ class FakeCentral:
         pinged = min(body.get("pinged_at") or now, now)
         known = self.watchdogs.get(body["name"])
         last = max(pinged, known["last_ping_at"]) if known else pinged
-        self.watchdogs[body["name"]] = {**body, "last_ping_at": last, "state": "up"}
-        return Reply(200, {"name": body["name"], "state": "up", "last_ping_at": last})
+        self.watchdogs[body["name"]] = {**body, "last_ping_at": last, "state": "ok"}
+        return Reply(200, {"name": body["name"], "state": "ok", "last_ping_at": last})
 
     def _like_central(self, received):
         if received.method == "GET" and received.path == "/healthz":

@@ -44,6 +44,7 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "last_attempt_at",
         "next_attempt_at",
         "delivered_at",
+        "delivered_locally_at",
         "delivery_summary",
         "target_counts",
         "targets",

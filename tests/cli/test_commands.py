@@ -128,6 +128,8 @@ def test_import_creates_everything_and_export_round_trips_without_secrets(db, tm
     # Every channel's effective policy is exported, the defaults of the channels the file left out too.
     for channel in ("teams", "webhook", "sms", "apprise"):
         expected["policies"][channel] = delivery_policy_default(channel=channel).as_dict()
+    # A list setting the file left out is exported at its value (the default).
+    expected["lists"][0]["resend_after_local_delivery"] = False
     assert data == expected
 
     # Re-importing the export keeps the stored password.

@@ -141,17 +141,19 @@ def test_dispatch_task_delivers_and_queues_a_follow_up_when_time_runs_out(smtp_s
 def test_setup_schedules_is_idempotent(db, capsys):
     Schedule.objects.all().delete()  # migrate created them; start as a database without them
     call_command("setup_schedules")
-    assert capsys.readouterr().out.count(": created") == 2
+    assert capsys.readouterr().out.count(": created") == 3
     call_command("setup_schedules")
-    assert capsys.readouterr().out.count(": unchanged") == 2
+    assert capsys.readouterr().out.count(": unchanged") == 3
     sweep = Schedule.objects.get(name="outbox: dispatch sweep")
     assert (sweep.func, sweep.schedule_type, sweep.minutes, sweep.repeats) == (trigger.DISPATCH_TASK, "I", 1, -1)
     purge = Schedule.objects.get(name="outbox: retention purge")
     assert (purge.func, purge.schedule_type) == (schedules.PURGE_TASK, Schedule.DAILY)
+    watchdogs = Schedule.objects.get(name="outbox: watchdogs")
+    assert (watchdogs.func, watchdogs.schedule_type, watchdogs.minutes) == ("sites.tasks.watchdogs_task", "I", 1)
     Schedule.objects.filter(pk=sweep.pk).update(minutes=5)
     call_command("setup_schedules")
     assert "dispatch sweep (notifications.tasks.dispatch_task): updated" in capsys.readouterr().out
-    assert Schedule.objects.count() == 2
+    assert Schedule.objects.count() == 3
 
 
 @pytest.mark.slow

@@ -320,15 +320,19 @@ def test_the_kpi_endpoint_has_each_sites_backlog_parked_at_site_and_silence(clie
     }
 
 
-def test_a_site_never_heard_from_is_silent_with_unknown_figures(client, site):
+def test_a_site_whose_agent_never_heart_beated_is_direct_never_silent_with_its_last_post(client, api, site, payload):
+    api.post("/api/v1/notifications/", payload, format="json")  # it posts directly, no agent heartbeats
     kpis = client.get("/api/v1/kpis/", HTTP_AUTHORIZATION=staff_token("boss")).json()
-    assert kpis["per_site"]["plant-a"] == {
-        **kpis["per_site"]["plant-a"],
+    plant_a = kpis["per_site"]["plant-a"]
+    assert plant_a == {
+        **plant_a,
         "site_backlog": None,
         "parked_at_site": None,
-        "silent": True,
+        "silent": False,
         "last_heartbeat_at": None,
+        "direct": True,
     }
+    assert plant_a["last_seen_at"].startswith(str(timezone.now().year)) and kpis["global"]["silent_sites"] == 0
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,22 @@ def test_sites_show_backlog_parked_count_and_a_silent_badge_for_quiet_sites(admi
 
     assert content.count('class="outbox-badge outbox-status-parked site-silent"') == 1
     assert "17" in content and "0.3.0" in content
+    assert "site-direct" not in content  # both agents have heart-beated
     assert f"?site__id__exact={site.pk}" in content  # the parked count links to the site's rows
+
+
+def test_a_site_that_only_posts_directly_shows_direct_with_its_last_post_never_silent(admin_client, site, settings):
+    settings.OUTBOX_SITE_SILENT_AFTER = 300
+    Site.objects.filter(pk=site.pk).update(last_seen_at=timezone.now() - timedelta(hours=2))
+    quiet = Site.objects.create(site_id="plant-q", name="Never heard from")
+
+    content = admin_client.get(SITES).content.decode()
+    page = admin_client.get(reverse("admin:sites_site_change", args=[site.pk])).content.decode()
+
+    assert content.count('class="outbox-badge outbox-direct site-direct"') == 1 and "last post " in content
+    assert "site-silent" not in content
+    assert "not heard from yet" in content and quiet.site_id in content
+    assert "site-direct" in page and "it is never shown silent" in page
 
 
 def test_a_site_change_page_shows_its_agents_latest_heartbeat(admin_client, site):
@@ -70,7 +85,7 @@ def test_the_outbox_page_links_to_the_rows_parked_at_sites(operator_client, site
     park(site)
     content = operator_client.get(OUTBOX).content.decode()
     assert 'id="parked-at-sites-link"' in content and "1 parked at sites" in content
-    assert "1 silent" in content  # plant-a has never sent a heartbeat
+    assert "0 silent" in content  # plant-a has never sent a heartbeat: direct, never silent
 
 
 # --- Parked at sites ------------------------------------------------------------------------------
