@@ -50,6 +50,28 @@ _PRIORITY_BY_NAME = {priority.label: priority for priority in NotificationPriori
 PRIORITY_NAMES = tuple(priority.label for priority in sorted(NotificationPriority, reverse=True))
 
 
+class AcknowledgedVia(models.TextChoices):
+    """How a person acknowledged a notification (docs/acknowledgement.md). Also
+    ``Notification.AcknowledgedVia``."""
+
+    LINK = "link", "the link in the message"
+    SMS = "sms", "an SMS reply"
+    TEAMS = "teams", "the Teams card"
+    CONSOLE = "console", "the console"
+    API = "api", "the staff API"
+    SITE = "site", "the site (its HMI)"
+
+
+class AckRequiredFrom(models.TextChoices):
+    """From which priority up a list's notifications ask for acknowledgement; ``none``: never."""
+
+    CRITICAL = "critical", "critical only"
+    HIGH = "high", "high and critical"
+    NORMAL = "normal", "normal, high and critical"
+    LOW = "low", "every notification"
+    NONE = "none", "none"
+
+
 # Defined beside the class, not in it: the model's Meta (indexes, constraints) needs them too.
 NON_TERMINAL = (NotificationStatus.PENDING, NotificationStatus.RETRYING)
 TERMINAL = (NotificationStatus.DELIVERED, NotificationStatus.PARKED, NotificationStatus.DISCARDED)
@@ -59,6 +81,7 @@ class Notification(models.Model):
     """One notification raised at a site. Never edited by hand; deleted only by the purge."""
 
     Status = NotificationStatus
+    AcknowledgedVia = AcknowledgedVia
     Priority = NotificationPriority
     NON_TERMINAL = NON_TERMINAL
     TERMINAL = TERMINAL
@@ -106,6 +129,23 @@ class Notification(models.Model):
     # row again unless its list sets resend_after_local_delivery.
     delivered_locally_at = models.DateTimeField(null=True, blank=True)
 
+    # Acknowledgement: a person has seen it (at most once: the first one stands). Clearing: the
+    # alarm returned to normal at the plant; it stops escalation like an acknowledgement but is
+    # not one. ``asks_ack``: whether it asks for acknowledgement, decided when central created
+    # it from its list's ack_required_from (docs/acknowledgement.md).
+    asks_ack = models.BooleanField(default=False, db_default=False)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=200, blank=True)
+    acknowledged_via = models.CharField(max_length=16, choices=AcknowledgedVia.choices, blank=True)
+    acknowledged_note = models.TextField(blank=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    cleared_note = models.TextField(blank=True)
+    # Escalation: a child names its parent and its step (not a foreign key: the audit rows outlive
+    # each other); a parent holds when its next step is due (None: no step left, or stopped).
+    escalation_of = models.UUIDField(null=True, blank=True)
+    escalation_step = models.SmallIntegerField(null=True, blank=True)
+    escalation_due_at = models.DateTimeField(null=True, blank=True)
+
     # The claim is a lease, not a status: a row whose lease expired is due again.
     claimed_by = models.CharField(max_length=64, blank=True)
     claimed_until = models.DateTimeField(null=True, blank=True)
@@ -147,6 +187,23 @@ class Notification(models.Model):
                 fields=["delivered_at"],
                 name="notif_partial_idx",
                 condition=models.Q(status=NotificationStatus.DELIVERED, targets_refused__gt=0),
+            ),
+            # Escalation: the parents whose next step is due soonest, and a parent's children.
+            models.Index(
+                fields=["escalation_due_at"],
+                name="notif_escalation_due_idx",
+                condition=models.Q(escalation_due_at__isnull=False),
+            ),
+            models.Index(
+                fields=["escalation_of"],
+                name="notif_escalation_of_idx",
+                condition=models.Q(escalation_of__isnull=False),
+            ),
+            # The unacknowledged ones (the console's tile, the gauge), newest first.
+            models.Index(
+                fields=["priority", "created_at"],
+                name="notif_unacknowledged_idx",
+                condition=models.Q(asks_ack=True, acknowledged_at__isnull=True, cleared_at__isnull=True),
             ),
         ]
         constraints = [
@@ -308,6 +365,24 @@ class NotificationList(models.Model):
             "through its own local relay (the site agent's fallback). Off (the default): central records "
             "that and does not send it again. On: central delivers it to this list as well."
         ),
+    )
+
+    ack_required_from = models.CharField(
+        "acknowledgement asked from",
+        max_length=8,
+        choices=AckRequiredFrom.choices,
+        default=AckRequiredFrom.HIGH,
+        db_default=AckRequiredFrom.HIGH,
+        help_text="Notifications of this priority and above carry an acknowledgement link (email, Teams, SMS) "
+        "and can escalate.",
+    )
+    # Ordered steps [{"after_seconds": 300, "list": "Shift-Leads", "type": "sms"}, …]: when a
+    # notification that asks for acknowledgement is neither acknowledged nor cleared that long
+    # after central created it, a child notification goes to that list by that channel.
+    escalation = models.JSONField(default=list, blank=True)
+    repeat_last_every_seconds = models.PositiveIntegerField(
+        default=0,
+        help_text="After the last escalation step, repeat it this often until someone acknowledges; 0: never.",
     )
 
     class Meta:
