@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models import Value
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -103,7 +104,7 @@ class Notification(models.Model):
     retry_count = models.PositiveIntegerField(default=0)  # failed attempts
     # Of those, the ones that were the channel's fault (connection, timeout, auth, throttled):
     # they never count against the policy's max_attempts.
-    channel_failures = models.PositiveIntegerField(default=0)
+    channel_failures = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.TextField(blank=True)
     # One entry per target with its outcome (notifications.vocabulary.TargetOutcome): who
     # has it, who refused it for good, who is still owed it (retried) and who may have it.
@@ -129,17 +130,19 @@ class Notification(models.Model):
     # row again unless its list sets resend_after_local_delivery.
     delivered_locally_at = models.DateTimeField(null=True, blank=True)
 
+    # (Every column added to this table has a database default or allows NULL, so that web
+    # processes of the previous release keep inserting rows while a deployment migrates.)
     # Acknowledgement: a person has seen it (at most once: the first one stands). Clearing: the
     # alarm returned to normal at the plant; it stops escalation like an acknowledgement but is
     # not one. ``asks_ack``: whether it asks for acknowledgement, decided when central created
     # it from its list's ack_required_from (docs/acknowledgement.md).
     asks_ack = models.BooleanField(default=False, db_default=False)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
-    acknowledged_by = models.CharField(max_length=200, blank=True)
-    acknowledged_via = models.CharField(max_length=16, choices=AcknowledgedVia.choices, blank=True)
-    acknowledged_note = models.TextField(blank=True)
+    acknowledged_by = models.CharField(max_length=200, blank=True, db_default="")
+    acknowledged_via = models.CharField(max_length=16, choices=AcknowledgedVia.choices, blank=True, db_default="")
+    acknowledged_note = models.TextField(blank=True, db_default="")
     cleared_at = models.DateTimeField(null=True, blank=True)
-    cleared_note = models.TextField(blank=True)
+    cleared_note = models.TextField(blank=True, db_default="")
     # Escalation: a child names its parent and its step (not a foreign key: the audit rows outlive
     # each other); a parent holds when its next step is due (None: no step left, or stopped).
     escalation_of = models.UUIDField(null=True, blank=True)
@@ -159,8 +162,8 @@ class Notification(models.Model):
     requeued_at = models.DateTimeField(null=True, blank=True)
     expired_at = models.DateTimeField(null=True, blank=True)  # parked because it grew too old
     discarded_at = models.DateTimeField(null=True, blank=True)
-    discarded_by = models.CharField(max_length=150, blank=True)  # a username, kept if the user goes
-    discard_reason = models.TextField(blank=True)
+    discarded_by = models.CharField(max_length=150, blank=True, db_default="")  # a username, kept if the user goes
+    discard_reason = models.TextField(blank=True, db_default="")
 
     class Meta:
         ordering = ["-created_at"]
@@ -379,9 +382,10 @@ class NotificationList(models.Model):
     # Ordered steps [{"after_seconds": 300, "list": "Shift-Leads", "type": "sms"}, …]: when a
     # notification that asks for acknowledgement is neither acknowledged nor cleared that long
     # after central created it, a child notification goes to that list by that channel.
-    escalation = models.JSONField(default=list, blank=True)
+    escalation = models.JSONField(default=list, blank=True, db_default=Value([], output_field=models.JSONField()))
     repeat_last_every_seconds = models.PositiveIntegerField(
         default=0,
+        db_default=0,
         help_text="After the last escalation step, repeat it this often until someone acknowledges; 0: never.",
     )
 

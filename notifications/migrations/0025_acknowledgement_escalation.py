@@ -2,7 +2,6 @@
 notification and how, when it was cleared, a child's parent and step, a parent's next step;
 each list's ack_required_from, escalation steps and repeat."""
 
-
 from django.db import migrations, models
 
 from notifications.migration_operations import AddIndexConcurrentlyWherePossible
@@ -10,8 +9,9 @@ from notifications.migration_operations import AddIndexConcurrentlyWherePossible
 
 class Migration(migrations.Migration):
     # The indexes are built CONCURRENTLY on PostgreSQL (no lock on a table of millions of rows),
-    # which cannot run inside a transaction. The new columns are nullable or have a constant
-    # default: adding them changes only the catalogue.
+    # which cannot run inside a transaction. The new columns are nullable or have a database
+    # default: adding them changes only the catalogue, and web processes of the previous release
+    # keep inserting rows while the deployment migrates.
     atomic = False
 
 
@@ -28,17 +28,17 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='notification',
             name='acknowledged_by',
-            field=models.CharField(blank=True, max_length=200),
+            field=models.CharField(blank=True, db_default='', max_length=200),
         ),
         migrations.AddField(
             model_name='notification',
             name='acknowledged_note',
-            field=models.TextField(blank=True),
+            field=models.TextField(blank=True, db_default=''),
         ),
         migrations.AddField(
             model_name='notification',
             name='acknowledged_via',
-            field=models.CharField(blank=True, choices=[('link', 'the link in the message'), ('sms', 'an SMS reply'), ('teams', 'the Teams card'), ('console', 'the console'), ('api', 'the staff API'), ('site', 'the site (its HMI)')], max_length=16),
+            field=models.CharField(blank=True, choices=[('link', 'the link in the message'), ('sms', 'an SMS reply'), ('teams', 'the Teams card'), ('console', 'the console'), ('api', 'the staff API'), ('site', 'the site (its HMI)')], db_default='', max_length=16),
         ),
         migrations.AddField(
             model_name='notification',
@@ -53,7 +53,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='notification',
             name='cleared_note',
-            field=models.TextField(blank=True),
+            field=models.TextField(blank=True, db_default=''),
         ),
         migrations.AddField(
             model_name='notification',
@@ -78,12 +78,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='notificationlist',
             name='escalation',
-            field=models.JSONField(blank=True, default=list),
+            field=models.JSONField(blank=True, db_default=models.Value([], output_field=models.JSONField()), default=list),
         ),
         migrations.AddField(
             model_name='notificationlist',
             name='repeat_last_every_seconds',
-            field=models.PositiveIntegerField(default=0, help_text='After the last escalation step, repeat it this often until someone acknowledges; 0: never.'),
+            field=models.PositiveIntegerField(db_default=0, default=0, help_text='After the last escalation step, repeat it this often until someone acknowledges; 0: never.'),
         ),
         AddIndexConcurrentlyWherePossible(
             model_name='notification',
