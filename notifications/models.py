@@ -138,11 +138,11 @@ class Notification(models.Model):
     # it from its list's ack_required_from (docs/acknowledgement.md).
     asks_ack = models.BooleanField(default=False, db_default=False)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
-    acknowledged_by = models.CharField(max_length=200, blank=True, db_default="")
-    acknowledged_via = models.CharField(max_length=16, choices=AcknowledgedVia.choices, blank=True, db_default="")
-    acknowledged_note = models.TextField(blank=True, db_default="")
+    acknowledged_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    acknowledged_via = models.CharField(max_length=16, choices=AcknowledgedVia.choices, blank=True, default="", db_default="")
+    acknowledged_note = models.TextField(blank=True, default="", db_default="")
     cleared_at = models.DateTimeField(null=True, blank=True)
-    cleared_note = models.TextField(blank=True, db_default="")
+    cleared_note = models.TextField(blank=True, default="", db_default="")
     # Escalation: a child names its parent and its step (not a foreign key: the audit rows outlive
     # each other); a parent holds when its next step is due (None: no step left, or stopped).
     escalation_of = models.UUIDField(null=True, blank=True)
@@ -162,8 +162,8 @@ class Notification(models.Model):
     requeued_at = models.DateTimeField(null=True, blank=True)
     expired_at = models.DateTimeField(null=True, blank=True)  # parked because it grew too old
     discarded_at = models.DateTimeField(null=True, blank=True)
-    discarded_by = models.CharField(max_length=150, blank=True, db_default="")  # a username, kept if the user goes
-    discard_reason = models.TextField(blank=True, db_default="")
+    discarded_by = models.CharField(max_length=150, blank=True, default="", db_default="")  # a username, kept if the user goes
+    discard_reason = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-created_at"]

@@ -28,17 +28,17 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='notification',
             name='acknowledged_by',
-            field=models.CharField(blank=True, db_default='', max_length=200),
+            field=models.CharField(blank=True, db_default='', default='', max_length=200),
         ),
         migrations.AddField(
             model_name='notification',
             name='acknowledged_note',
-            field=models.TextField(blank=True, db_default=''),
+            field=models.TextField(blank=True, db_default='', default=''),
         ),
         migrations.AddField(
             model_name='notification',
             name='acknowledged_via',
-            field=models.CharField(blank=True, choices=[('link', 'the link in the message'), ('sms', 'an SMS reply'), ('teams', 'the Teams card'), ('console', 'the console'), ('api', 'the staff API'), ('site', 'the site (its HMI)')], db_default='', max_length=16),
+            field=models.CharField(blank=True, choices=[('link', 'the link in the message'), ('sms', 'an SMS reply'), ('teams', 'the Teams card'), ('console', 'the console'), ('api', 'the staff API'), ('site', 'the site (its HMI)')], db_default='', default='', max_length=16),
         ),
         migrations.AddField(
             model_name='notification',
@@ -53,7 +53,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='notification',
             name='cleared_note',
-            field=models.TextField(blank=True, db_default=''),
+            field=models.TextField(blank=True, db_default='', default=''),
         ),
         migrations.AddField(
             model_name='notification',

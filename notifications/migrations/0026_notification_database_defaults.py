@@ -19,11 +19,11 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='notification',
             name='discard_reason',
-            field=models.TextField(blank=True, db_default=''),
+            field=models.TextField(blank=True, db_default='', default=''),
         ),
         migrations.AlterField(
             model_name='notification',
             name='discarded_by',
-            field=models.CharField(blank=True, db_default='', max_length=150),
+            field=models.CharField(blank=True, db_default='', default='', max_length=150),
         ),
     ]

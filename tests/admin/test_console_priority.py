@@ -84,6 +84,7 @@ def test_a_sites_own_rate_limit_is_set_in_the_site_form(admin_client, db):
     data = {name: form[name].value() for name in form.fields if form[name].value() is not None}
     data.update({"rate_limit": "500", "rate_burst": "20000", "active": "on"})
     data.update({"api_keys-TOTAL_FORMS": "0", "api_keys-INITIAL_FORMS": "0"})  # the keys inline
+    data.update({"watchdogs-TOTAL_FORMS": "0", "watchdogs-INITIAL_FORMS": "0"})  # the watchdogs inline
     response = admin_client.post(url, data)
     assert response.status_code == 302, response.content.decode()[:2000]
     site.refresh_from_db()
