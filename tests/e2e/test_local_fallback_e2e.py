@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 
@@ -156,11 +156,13 @@ def test_an_agent_killed_mid_fallback_and_restarted_sends_no_second_local_copy(w
         poll(lambda: relay.ids()[critical] == 1, timeout=30, message="the critical alarm never reached the relay")
         agent.send_signal(signal.SIGKILL)  # mid-fallback: central still down, the outage goes on
         agent.wait()
+        restarted_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         agent = forwarder(world)
-        # The restarted agent finds central unreachable for after_seconds again, and goes on sweeping.
+        # The restarted agent finds central unreachable for after_seconds again, and goes on sweeping
+        # (it tries the critical row first; a sweep stops at the first failure to reach central).
         poll(
             lambda: (
-                local_status(world, normal)["last_attempt_at"] is not None
+                (local_status(world, critical)["last_attempt_at"] or "") > restarted_at
                 and local_status(world, critical)["local_delivery"]["state"] == "delivered"
                 and relay_quiet_for(relay, AFTER_SECONDS + 4 * SWEEP_SECONDS)
             ),
