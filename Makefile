@@ -12,7 +12,7 @@ help:
 	@echo "make run    - install into .venv, migrate SQLite, load the demo, start web + worker + SMTP catcher"
 	@echo "make test   - install and run the whole test suite (DATABASE_URL=postgres://… for PostgreSQL)"
 	@echo "make test-pg - the whole suite on a fresh PostgreSQL database, dropped afterwards"
-	@echo "make test-pgbouncer - the dispatch and ingest tests through PgBouncer (transaction mode)"
+	@echo "make test-pgbouncer - the tests of connection and transaction semantics through PgBouncer (transaction mode)"
 	@echo "make test-redis - the django-q2 Redis broker tests (needs Redis on 127.0.0.1:6379)"
 	@echo "make bench  - run every benchmark on PostgreSQL and print one summary table"
 	@echo "make chaos  - fault-injection suite on PostgreSQL (needs root for the PostgreSQL restart)"

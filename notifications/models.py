@@ -139,7 +139,9 @@ class Notification(models.Model):
     asks_ack = models.BooleanField(default=False, db_default=False)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     acknowledged_by = models.CharField(max_length=200, blank=True, default="", db_default="")
-    acknowledged_via = models.CharField(max_length=16, choices=AcknowledgedVia.choices, blank=True, default="", db_default="")
+    acknowledged_via = models.CharField(
+        max_length=16, choices=AcknowledgedVia.choices, blank=True, default="", db_default=""
+    )
     acknowledged_note = models.TextField(blank=True, default="", db_default="")
     cleared_at = models.DateTimeField(null=True, blank=True)
     cleared_note = models.TextField(blank=True, default="", db_default="")
@@ -162,7 +164,9 @@ class Notification(models.Model):
     requeued_at = models.DateTimeField(null=True, blank=True)
     expired_at = models.DateTimeField(null=True, blank=True)  # parked because it grew too old
     discarded_at = models.DateTimeField(null=True, blank=True)
-    discarded_by = models.CharField(max_length=150, blank=True, default="", db_default="")  # a username, kept if the user goes
+    discarded_by = models.CharField(
+        max_length=150, blank=True, default="", db_default=""
+    )  # a username, kept if the user goes
     discard_reason = models.TextField(blank=True, default="", db_default="")
 
     class Meta:

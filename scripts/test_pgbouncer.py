@@ -1,4 +1,4 @@
-"""`make test-pgbouncer`: the dispatch and ingest tests with every database connection going
+"""`make test-pgbouncer`: the tests of connection and transaction semantics with every database connection going
 through PgBouncer in transaction pooling mode (tests/support/pgbouncer.py), the way a
 deployment behind PgBouncer runs: DATABASE_PGBOUNCER=true, here and in every process the
 tests start.
@@ -19,10 +19,31 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.pgbouncer import PgBouncer  # noqa: E402
 
-SUITES = ["tests/dispatch", "tests/api"]
-# The SMTP transaction tests spoken one command at a time (the relay does not pipeline) differ
-# from their pipelined twins only on the SMTP side: `make test` runs them; here they are left out.
-SELECTION = ["-k", "not lockstep"]
+# The tests whose outcome depends on how connections and transactions behave — what PgBouncer in
+# transaction mode changes: the claim (SKIP LOCKED, transaction-local planner settings, the lease
+# in one statement), dispatchers and operators racing, the shared breaker and rate bucket, the
+# counts kept by triggers, the trigger's request row and real workers on the database broker,
+# the idempotent insert and a database that goes away, the rate budgets drawn in chunks, the
+# per-session settings PgBouncer must not keep. The rest of the suite (SMTP and HTTP behaviour,
+# the console, the agent) talks to the database the same way through either; `make test` runs it.
+SUITES = [
+    "tests/dispatch/test_pgbouncer_settings.py",
+    "tests/dispatch/test_claiming.py",
+    "tests/dispatch/test_fair_claim.py",
+    "tests/dispatch/test_concurrency.py",
+    "tests/dispatch/test_operator_races.py",
+    "tests/dispatch/test_breaker.py",
+    "tests/dispatch/test_relay_wide.py",
+    "tests/dispatch/test_counts.py",
+    "tests/dispatch/test_drain.py",
+    "tests/dispatch/test_timing.py",
+    "tests/dispatch/test_worker.py",
+    "tests/api/test_ingest.py",
+    "tests/api/test_faults.py",
+    "tests/api/test_staff_actions.py",
+    "tests/sites/test_rate_limits.py",
+]
+SELECTION: list[str] = []
 
 
 def main(argv: list[str]) -> int:
