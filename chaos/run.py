@@ -1236,42 +1236,52 @@ class AcceptedAt:
 
 
 def scenario_webhook_503(world: World) -> dict[str, Any]:
-    """A receiver behind a proxy answers 503 to every request on its three hooks for
+    """A receiver behind a proxy answers 503 to every request on the list's single hook for
     5 × max_attempts × interval, then recovers: the webhook breaker opens relay-wide, nothing
-    parks, every hook receives every row once."""
-    started = time.monotonic()
+    parks, the hook receives every row once."""
     max_attempts, interval = 3, 1
     outage = 5 * max_attempts * interval
     receiver = WebhookReceiver().start()
     hooks, _ = NotificationList.objects.get_or_create(name="Hooks503")
-    paths = ("/a", "/b", "/c")
-    for path in paths:
-        secret = new_webhook_secret()
-        receiver.secrets[path] = secret
-        WebhookTarget.objects.create(notification_list=hooks, url=receiver.url(path), secret=secret)
+    path = "/only"
+    secret = new_webhook_secret()
+    receiver.secrets[path] = secret
+    WebhookTarget.objects.create(notification_list=hooks, url=receiver.url(path), secret=secret)
     DeliveryPolicy.objects.update_or_create(
         channel="webhook", defaults={**CHAOS_POLICY, "max_attempts": max_attempts, "interval_seconds": interval}
     )
+
+    def make(notification_id: str) -> dict[str, Any]:
+        return {**notification(notification_id, list_name="Hooks503"), "type": "webhook"}
+
     world.start_dispatchers(2)
+    # The outage starts once the dispatchers deliver (on a loaded machine they take seconds to
+    # start): one notification through first, left out of the count.
+    run_load(world, seconds=1, rate=1, limit=1, make=make)
+    for _ in range(600):
+        if receiver.accepted_by_notification_id(path):
+            break
+        time.sleep(0.1)
+    receiver.reset()
+    started = time.monotonic()
     marks: list[str] = []
 
     def unavailable_then_back() -> None:
         time.sleep(1)
-        for path in paths:
-            receiver.script(path, [Reply(503, "Service Unavailable")])
-        time.sleep(outage / 2)
+        receiver.script(path, [Reply(503, "Service Unavailable")])
+        # Watched through the outage (the breaker is open between probes, closed for a moment
+        # when nothing is waiting): what the endpoint's failure was while it was open.
         close_old_connections()
-        marks.extend(
-            row.last_error[:60]
-            for row in ChannelHealth.objects.filter(channel="webhook").exclude(state=ChannelHealth.State.CLOSED)
-        )
-        time.sleep(outage / 2)
-        for path in paths:
-            receiver.script(path, [Reply(200)])
+        end = time.monotonic() + outage
+        while time.monotonic() < end and not marks:
+            marks.extend(
+                row.last_error[:60]
+                for row in ChannelHealth.objects.filter(channel="webhook").exclude(state=ChannelHealth.State.CLOSED)
+            )
+            time.sleep(0.2)
+        time.sleep(max(0.0, end - time.monotonic()))
+        receiver.script(path, [Reply(200)])
         connection.close()
-
-    def make(notification_id: str) -> dict[str, Any]:
-        return {**notification(notification_id, list_name="Hooks503"), "type": "webhook"}
 
     ledger = run_load(
         world,
@@ -1287,15 +1297,13 @@ def scenario_webhook_503(world: World) -> dict[str, Any]:
         world,
         acked=ids,
         started=started,
-        smtp=AcceptedAt(receiver, paths[0]),
+        smtp=AcceptedAt(receiver, path),
     )
-    others = {path: receiver.accepted_by_notification_id(path) for path in paths[1:]}
-    every_hook_once = all(counts == Counter(dict.fromkeys(ids, 1)) for counts in others.values())
     result["note"] = (
-        f"webhook channel during the outage: {marks[0] if marks else 'closed'}; every hook received every row "
-        f"once: {every_hook_once}; most attempts charged to one row {own_failures_most(ids)} (parks at {max_attempts})"
+        f"webhook channel during the outage: {marks[0] if marks else 'closed'}; "
+        f"most attempts charged to one row {own_failures_most(ids)} (parks at {max_attempts})"
     )
-    if not any(mark.startswith("relay-wide HTTP 503") for mark in marks) or not every_hook_once:
+    if not any(mark.startswith("relay-wide HTTP 503") for mark in marks):
         result["ok"] = False
     world.stop_dispatchers()
     receiver.stop()

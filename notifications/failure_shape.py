@@ -9,8 +9,8 @@ taken alone, is the provider's "not now" about one message (``provider_error``, 
 charged to the row); greylisting of one address looks exactly the same. What tells the two
 apart is the shape: when, within :data:`SHAPE_WINDOW_SECONDS`, every attempt on an endpoint
 fails with the same answer for at least :data:`SHAPE_MIN_NOTIFICATIONS` notifications and
-:data:`SHAPE_MIN_TARGETS` recipients or targets, with nothing delivered meanwhile, the endpoint
-is failing, not the rows (:func:`relay_wide`).
+:data:`SHAPE_MIN_TARGETS` recipients (an HTTP answer: the notifications alone), with nothing
+delivered meanwhile, the endpoint is failing, not the rows (:func:`relay_wide`).
 
 This module holds the rule and its bookkeeping (:class:`ShapeTracker`, stored on the endpoint's
 health row); notifications.health applies it under the row's lock and the finish step treats the
@@ -32,6 +32,11 @@ SHAPE_MIN_NOTIFICATIONS = 3
 # … and this many distinct recipients (email) or targets (the HTTP channels), with nothing
 # delivered on the endpoint meanwhile.
 SHAPE_MIN_TARGETS = 3
+# An HTTP receiver's 5xx needs only the notifications: one address can be greylisted while the
+# relay works, but a receiver has no per-target "not now" — a 502/503/504 to three different
+# notifications, with nothing delivered meanwhile, is the receiver's (or its proxy's) state,
+# even when the list has a single hook.
+SHAPE_MIN_TARGETS_HTTP = 1
 # Failure classes whose answers can make such a shape: the provider's "not now". (The channel
 # classes — connection, timeout, auth, throttled — open the breaker on their own.)
 SHAPE_CLASSES = frozenset({FailureClass.PROVIDER_ERROR})
@@ -43,10 +48,12 @@ MAX_TRACKED = 50
 _ENHANCED_STATUS = re.compile(r"\b([245]\.\d{1,3}\.\d{1,3})\b")
 
 
-def relay_wide(*, notifications: int, targets: int) -> bool:
+def relay_wide(*, notifications: int, targets: int, signature: str = "") -> bool:
     """The rule: an answer given, within the window and with nothing delivered meanwhile, for
-    this many distinct notifications and recipients is the endpoint's failure, not theirs."""
-    return notifications >= SHAPE_MIN_NOTIFICATIONS and targets >= SHAPE_MIN_TARGETS
+    this many distinct notifications and recipients is the endpoint's failure, not theirs. An
+    HTTP answer (``signature`` "HTTP 503" …) needs the notifications only."""
+    min_targets = SHAPE_MIN_TARGETS_HTTP if signature.startswith("HTTP ") else SHAPE_MIN_TARGETS
+    return notifications >= SHAPE_MIN_NOTIFICATIONS and targets >= min_targets
 
 
 def entry_signature(entry: dict[str, Any]) -> str | None:
@@ -152,7 +159,7 @@ class ShapeTracker:
     def newly_wide(self) -> str | None:
         """An answer that now meets the rule (:func:`relay_wide`), if one does."""
         for signature, record in self.seen.items():
-            if relay_wide(notifications=len(record["n"]), targets=len(record["t"])):
+            if relay_wide(notifications=len(record["n"]), targets=len(record["t"]), signature=signature):
                 return signature
         return None
 

@@ -74,6 +74,12 @@ def test_the_rule_needs_three_notifications_and_three_recipients():
     assert not relay_wide(notifications=30, targets=2)
 
 
+def test_an_http_answer_needs_three_notifications_only_a_receiver_has_no_per_target_not_now():
+    assert relay_wide(notifications=3, targets=1, signature="HTTP 503")
+    assert not relay_wide(notifications=2, targets=1, signature="HTTP 503")
+    assert not relay_wide(notifications=3, targets=1, signature="451 4.3.5")
+
+
 def test_three_notifications_to_three_recipients_answered_alike_make_the_answer_the_endpoints():
     tracker = ShapeTracker()
     tracker.observe(evidence("n1", "a", "b"), now=100)
@@ -244,6 +250,33 @@ def test_a_webhook_receiver_answering_503_to_every_target_opens_the_breaker_and_
         assert all(fresh(row).channel_failures == fresh(row).retry_count == 1 for row in rows)
         for path in ("/a", "/b", "/c"):
             receiver.script(path, [Reply(200)])
+        everything_due()
+        probe_due()
+        run_pass()
+        run_pass()
+        assert [fresh(row).status for row in rows] == [Status.DELIVERED] * 3
+        assert ChannelHealth.objects.get(channel="webhook").state == State.CLOSED
+
+
+def test_a_lists_single_webhook_answering_503_opens_the_breaker_nothing_parks_and_the_probe_resumes(channel_list):
+    with WebhookReceiver() as receiver:
+        store_policy("webhook", strategy="exponential", interval_seconds=30, max_attempts=2)
+        add_hooks(channel_list, receiver, "/only")
+        receiver.script("/only", [Reply(503, "Service Unavailable")])
+        rows = [queue_webhook() for _ in range(3)]
+        run_pass(concurrency=1)
+        health = ChannelHealth.objects.get(channel="webhook")
+        assert health.state == State.OPEN and health.last_error.startswith("relay-wide HTTP 503: ")
+        assert all(fresh(row).status == Status.RETRYING and fresh(row).channel_failures == 1 for row in rows)
+        everything_due()
+        run_pass()  # the channel is open and no probe is due yet: nothing is tried, nothing charged
+        assert all(fresh(row).status == Status.RETRYING and fresh(row).retry_count == 1 for row in rows)
+        assert ChannelHealth.objects.get(channel="webhook").state == State.OPEN
+        probe_due()
+        run_pass(concurrency=1)  # the probe meets the same answer: open again, still nothing charged
+        assert ChannelHealth.objects.get(channel="webhook").state == State.OPEN
+        assert all(fresh(row).status == Status.RETRYING and fresh(row).channel_failures == fresh(row).retry_count for row in rows)
+        receiver.script("/only", [Reply(200)])
         everything_due()
         probe_due()
         run_pass()
