@@ -21,15 +21,19 @@ def failure_of(config: SmtpConfiguration, to: str = "op1@example.com") -> Delive
     return caught.value
 
 
+# Timeouts long enough for a loaded machine's answers (the timeout tests set their own).
+QUICK_TIMEOUTS = {"timeout_seconds": 1, "greeting_timeout_seconds": 1, "data_timeout_seconds": 1}
+
+
 def plain_config(port: int, **fields) -> SmtpConfiguration:
     values = {
         "host": "127.0.0.1",
         "port": port,
         "security": "none",
         "from_address": "outbox@example.com",
-        "timeout_seconds": 1,
-        "greeting_timeout_seconds": 1,
-        "data_timeout_seconds": 1,
+        "timeout_seconds": 10,
+        "greeting_timeout_seconds": 10,
+        "data_timeout_seconds": 10,
     }
     values.update(fields)
     return SmtpConfiguration(**values)
@@ -55,13 +59,13 @@ def test_an_unresolvable_host_is_class_connection():
 
 def test_a_server_that_never_greets_is_class_timeout():
     with silent_port() as port:
-        error = failure_of(plain_config(port))
+        error = failure_of(plain_config(port, **QUICK_TIMEOUTS))
     assert error.failure_class == "timeout"
 
 
 def test_a_server_hanging_at_data_is_class_timeout(smtp_server):
     smtp_server.behave("hang", hang_seconds=10)
-    assert failure_of(plain_config(smtp_server.port)).failure_class == "timeout"
+    assert failure_of(plain_config(smtp_server.port, **QUICK_TIMEOUTS)).failure_class == "timeout"
 
 
 # --- authentication ---------------------------------------------------------------------------

@@ -275,7 +275,10 @@ def test_a_lists_single_webhook_answering_503_opens_the_breaker_nothing_parks_an
         probe_due()
         run_pass(concurrency=1)  # the probe meets the same answer: open again, still nothing charged
         assert ChannelHealth.objects.get(channel="webhook").state == State.OPEN
-        assert all(fresh(row).status == Status.RETRYING and fresh(row).channel_failures == fresh(row).retry_count for row in rows)
+        assert all(
+            fresh(row).status == Status.RETRYING and fresh(row).channel_failures == fresh(row).retry_count
+            for row in rows
+        )
         receiver.script("/only", [Reply(200)])
         everything_due()
         probe_due()
