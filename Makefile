@@ -148,8 +148,9 @@ agent-dist:
 
 # The agent's unit tests under every python3.8 … python3.13 found (absent ones are skipped with
 # a note), each in a bare venv with only pytest + cryptography, plus the pre-3.35 SQLite path.
+# AGENT_PYTHONS=3.8,3.13 limits the run to those versions.
 test-agent-pythons: $(STAMP)
-	$(PY) tests/agent/pythons.py
+	$(PY) tests/agent/pythons.py $(if $(AGENT_PYTHONS),--versions $(AGENT_PYTHONS))
 
 clean:
 	rm -rf .pytest_cache bench-results test-artifacts dist
