@@ -212,6 +212,12 @@ class Notification(models.Model):
                 name="notif_unacknowledged_idx",
                 condition=models.Q(asks_ack=True, acknowledged_at__isnull=True, cleared_at__isnull=True),
             ),
+            # A site's recent acknowledgements, which travel back to its agent (sites.services).
+            models.Index(
+                fields=["source_site_id", "acknowledged_at"],
+                name="notif_site_acknowledged_idx",
+                condition=models.Q(acknowledged_at__isnull=False),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -364,7 +364,7 @@ class SiteAdmin(admin.ModelAdmin):
 # --- Parked at sites ---------------------------------------------------------------------------
 
 Parked = SiteParkedNotification.State
-COMMAND_CSS: dict[str, str] = {"pending": "retrying", "done": "delivered", "failed": "parked"}
+COMMAND_CSS: dict[str, str] = {"pending": "retrying", "done": "delivered", "failed": "parked", "expired": "discarded"}
 STATE_CSS: dict[str, str] = {Parked.PARKED: "parked", Parked.RETRIED: "pending", Parked.DISCARDED: "discarded"}
 
 
@@ -413,7 +413,11 @@ class CommandStateFilter(admin.SimpleListFilter):
 
 def _latest_command(field: str) -> Subquery:
     return Subquery(
-        SiteCommand.objects.filter(site=OuterRef("site"), notification_id=OuterRef("notification_id"))
+        SiteCommand.objects.filter(
+            site=OuterRef("site"),
+            notification_id=OuterRef("notification_id"),
+            action__in=SiteCommand.OPERATOR_ACTIONS,
+        )
         .order_by("-created_at")
         .values(field)[:1]
     )

@@ -119,6 +119,11 @@ class CommandSerializer(serializers.Serializer):
     action = serializers.ChoiceField(choices=SiteCommand.Action.choices)
     notification_id = serializers.UUIDField()
     reason = serializers.CharField(allow_blank=True)
+    # Only in "acknowledged" commands.
+    acknowledged_at = serializers.DateTimeField(required=False)
+    acknowledged_via = serializers.CharField(required=False)
+    acknowledged_by = serializers.CharField(required=False, help_text="Masked as targets are for sites.")
+    note = serializers.CharField(required=False, allow_blank=True)
 
 
 class ParkedItemSerializer(serializers.Serializer):
@@ -271,13 +276,20 @@ def _site(request: Request) -> Site:
 def command_record(command: SiteCommand) -> dict[str, Any]:
     """A command as the agent receives it in a heartbeat answer. The operator's reason is free
     text that may quote a recipient (from a last_error, say): masked as the status record's
-    targets are."""
-    return {
+    targets are. An ``acknowledged`` command adds the acknowledgement (``acknowledged_at``,
+    ``acknowledged_via``, ``acknowledged_by`` and ``note``, masked when it was created)."""
+    record = {
         "id": str(command.pk),
         "action": command.action,
         "notification_id": str(command.notification_id),
         "reason": text_site_masked(command.reason),
     }
+    if command.action == SiteCommand.Action.ACKNOWLEDGED:
+        record.update({name: command.details.get(name) for name in ACKNOWLEDGEMENT_FIELDS})
+    return record
+
+
+ACKNOWLEDGEMENT_FIELDS = ("acknowledged_at", "acknowledged_via", "acknowledged_by", "note")
 
 
 class HeartbeatView(APIView):
