@@ -30,6 +30,16 @@ urlpatterns = [
         name="notification-requeue",
     ),
     path(
+        "api/v1/notifications/<uuid:notification_id>/ack/",
+        api.NotificationAcknowledgeView.as_view(),
+        name="notification-ack",
+    ),
+    path(
+        "api/v1/notifications/<uuid:notification_id>/clear/",
+        api.NotificationClearView.as_view(),
+        name="notification-clear",
+    ),
+    path(
         "api/v1/providers/twilio/status/",
         providers.TwilioStatusCallbackView.as_view(),
         name="provider-twilio-status",
