@@ -6,14 +6,15 @@ buffer, where the plant's code (this process, not the forwarder) reads it — on
 restarts of the agent and of the reader. The other way, the plant's own acknowledgement and
 clearing, made while the link is cut, reach central's status record when the link is back."""
 
+import functools
 import json
 import subprocess
 import sys
 from datetime import UTC, datetime
 
 import pytest
-from notifications.acknowledgement import acknowledge
 
+from notifications.acknowledgement import acknowledge
 from notifications.clock import database_now
 from notifications.models import EmailRecipient, Notification, NotificationList
 from sites.agent import SiteOutbox
@@ -133,11 +134,8 @@ def test_an_acknowledgement_made_at_central_reaches_the_plant_once_also_across_r
     plant.restart_hmi()  # the plant's reader restarts too: what it read stays read
     plant.start_agent()
     (ack,) = consumed_until(plant, 1)
-    assert (ack["notification_id"], ack["acknowledged_via"], ack["acknowledged_by"]) == (
-        second,
-        "console",
-        "shift-lead",
-    )
+    assert (ack["notification_id"], ack["acknowledged_via"]) == (second, "console")
+    assert ack["acknowledged_by"] == "s***"  # a user name, masked for the site
 
     # More heartbeats come and go: nothing comes twice, neither to the plant nor into the buffer.
     poll(
@@ -147,7 +145,7 @@ def test_an_acknowledgement_made_at_central_reaches_the_plant_once_also_across_r
     )
     for _ in range(3):
         moment = database_now()
-        poll(lambda moment=moment: heard_since(moment), timeout=30, message="no heartbeat")
+        poll(functools.partial(heard_since, moment), timeout=30, message="no heartbeat")
         assert plant.hmi.acknowledgements(consume=True) == []
     everything = plant.hmi.acknowledgements()
     assert [a["notification_id"] for a in everything] == [first, second]
