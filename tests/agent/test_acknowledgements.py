@@ -100,9 +100,7 @@ def test_acknowledgements_come_in_the_order_they_arrived_and_since_filters_on_ar
         outbox.acknowledgements(since="yesterday")
 
 
-def test_the_last_received_at_is_a_cursor_that_misses_nothing_even_when_the_clock_steps_back(
-    outbox, central, clock
-):
+def test_the_last_received_at_is_a_cursor_that_misses_nothing_even_when_the_clock_steps_back(outbox, central, clock):
     first, second, third = forwarded(outbox, 3)
     central.commands.append(acknowledged(first))
     outbox.sync_with_central()
