@@ -651,8 +651,8 @@ MAX_ACTION_ROWS = 10_000
 
 @admin.register(SiteCommand)
 class SiteCommandAdmin(SiteRecordAdmin):
-    """The history of commands sent to sites' agents. Read-only: commands are issued from
-    "Parked at sites"."""
+    """The history of commands sent to sites' agents. Read-only: Retry and Discard are issued from
+    "Parked at sites"; Acknowledged commands come from acknowledgements made at central."""
 
     list_display = (
         "created_at",
@@ -681,6 +681,8 @@ class SiteCommandAdmin(SiteRecordAdmin):
         "created_by",
         "sent_at",
         "acknowledged_at",
+        "details",
+        "expires_at",
     )
     fields = readonly_fields
 

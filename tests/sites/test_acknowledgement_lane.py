@@ -163,3 +163,17 @@ def test_a_done_acknowledged_command_leaves_a_site_parked_row_alone(api, site, p
     # And an operator may still Retry the row: the acknowledgement is not a pending command for it.
     (outcome,) = site_commands_issue(parked_ids=[parked_row.pk], action="retry", user=None)
     assert outcome.command is not None, outcome.error
+
+
+def test_operators_see_acknowledged_commands_and_their_state_in_site_commands(api, site, admin_client):
+    acknowledged(api, by="olga.ortiz@plant-a.example.com")
+    (command,) = commands(api)
+    SiteCommand.objects.filter(pk=command["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    commands(api)
+
+    listing = admin_client.get("/admin/sites/sitecommand/?action__exact=acknowledged")
+    page = admin_client.get(f"/admin/sites/sitecommand/{command['id']}/change/")
+
+    assert listing.status_code == page.status_code == 200
+    assert "Acknowledged" in listing.content.decode() and "Expired" in listing.content.decode()
+    assert "o***@plant-a.example.com" in page.content.decode()
