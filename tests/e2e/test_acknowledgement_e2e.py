@@ -78,6 +78,13 @@ def world(transactional_db, postgres_only, settings, tmp_path):
                 central.stop()
 
 
+def found(pattern, text):
+    """The groups of ``pattern``'s first match in ``text`` (failing the test when there is none)."""
+    match = pattern.search(text)
+    assert match is not None, f"{pattern.pattern!r} not in {text[:500]!r}"
+    return match.groups()
+
+
 def post_alarm(world, **fields):
     body = {
         "notification_id": str(uuid.uuid4()),
@@ -113,7 +120,7 @@ def test_the_emails_link_shows_a_page_and_only_its_post_acknowledges(world):
     poll(lambda: world["smtp"].count >= 1, timeout=30, message="the email did not arrive")
     (received,) = world["smtp"].received
     text = received.message.get_body(("plain",)).get_content()
-    link, token = LINK.search(text).groups()
+    link, token = found(LINK, text)
     assert link.startswith(world["url"] + "/ack/")
 
     # A scanner, then the person, open the link: nothing is acknowledged by that.
@@ -126,7 +133,7 @@ def test_the_emails_link_shows_a_page_and_only_its_post_acknowledges(world):
 
     done = jane.post(
         link,
-        data={"csrfmiddlewaretoken": CSRF.search(page.text).group(1), "name": "Jane Doe", "note": "driving over"},
+        data={"csrfmiddlewaretoken": found(CSRF, page.text)[0], "name": "Jane Doe", "note": "driving over"},
         timeout=10,
     )
     assert done.status_code == 200 and "Acknowledged" in done.text
@@ -138,7 +145,7 @@ def test_the_emails_link_shows_a_page_and_only_its_post_acknowledges(world):
 
     # A colleague who had the page open as well is told who already did.
     second = john.post(
-        link, data={"csrfmiddlewaretoken": CSRF.search(colleague_page.text).group(1), "name": "John Roe"}, timeout=10
+        link, data={"csrfmiddlewaretoken": found(CSRF, colleague_page.text)[0], "name": "John Roe"}, timeout=10
     )
     assert second.status_code == 200
     assert "Already acknowledged" in second.text and "Jane Doe" in html.unescape(second.text)
