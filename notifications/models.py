@@ -896,6 +896,10 @@ class ProviderMessage(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["provider", "provider_id"], name="provider_message_unique_id"),
         ]
+        indexes = [
+            # SMS replies: the messages sent to one number lately (notifications.sms_replies).
+            models.Index(fields=["provider", "target_ref", "created_at"], name="provider_message_target_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.provider} {self.provider_id}: {self.provider_status}"

@@ -340,6 +340,9 @@ if OUTBOX_PUBLIC_URL and not OUTBOX_PUBLIC_URL.startswith(("http://", "https://"
     raise ImproperlyConfigured(
         f"Environment variable OUTBOX_PUBLIC_URL must be an http(s) URL, got {OUTBOX_PUBLIC_URL!r}"
     )
+# How long an acknowledgement link stays valid, in days (docs/acknowledgement.md). The links are
+# OUTBOX_PUBLIC_URL + /ack/<token>/ and appear only when OUTBOX_PUBLIC_URL is set.
+OUTBOX_ACK_TOKEN_DAYS = _positive("OUTBOX_ACK_TOKEN_DAYS", 7)
 # Per-site rate limits, shared by every web process (sites/rate_limits.py, docs/operations.md
 # "Rate limits"): notifications per second a site may send, sustained, and how many at once (a
 # batch of N draws N); critical notifications on a budget of their own; and, per kind, the other

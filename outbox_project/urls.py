@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from notifications import api, metrics, providers, views
+from notifications import ack_page, api, metrics, providers, views
 
 urlpatterns = [
     path("api/v1/notifications/", api.NotificationCollectionView.as_view(), name="notification-list"),
@@ -44,6 +44,11 @@ urlpatterns = [
         providers.TwilioStatusCallbackView.as_view(),
         name="provider-twilio-status",
     ),
+    path(
+        "api/v1/providers/twilio/inbound/",
+        providers.TwilioInboundView.as_view(),
+        name="provider-twilio-inbound",
+    ),
     path("api/v1/kpis/", api.KpiView.as_view(), name="kpis"),
     path("api/v1/sites/", include("sites.urls")),
     path(
@@ -51,6 +56,7 @@ urlpatterns = [
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
         name="schema",
     ),
+    path("ack/<str:token>/", ack_page.ack_page, name="ack-page"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
