@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from notifications.models import Notification
@@ -177,3 +178,14 @@ def test_operators_see_acknowledged_commands_and_their_state_in_site_commands(ap
     assert listing.status_code == page.status_code == 200
     assert "Acknowledged" in listing.content.decode() and "Expired" in listing.content.decode()
     assert "o***@plant-a.example.com" in page.content.decode()
+
+
+def test_the_database_holds_one_acknowledged_command_per_notification_of_a_site(api, site):
+    notification_id = acknowledged(api)
+    commands(api)
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        SiteCommand.objects.create(site=site, notification_id=notification_id, action="acknowledged")
+    # Retry and Discard commands of the same notification are not limited by it.
+    SiteCommand.objects.create(site=site, notification_id=notification_id, action="retry")
+    SiteCommand.objects.create(site=site, notification_id=notification_id, action="retry")
