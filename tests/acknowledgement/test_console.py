@@ -80,8 +80,8 @@ def test_the_page_tells_the_history_in_words_with_attempts_targets_steps_and_the
 
 def test_an_operator_acknowledges_with_a_note_and_it_is_recorded_under_their_name(operator_client):
     row = make_notification(asks_ack=True, priority=Notification.Priority.HIGH)
-    page = operator_client.get(change_url(row)).content.decode()
-    assert 'id="acknowledge-link"' in page
+    content = operator_client.get(change_url(row)).content.decode()
+    assert 'id="acknowledge-link"' in content
     url = reverse("admin:notifications_notification_acknowledge", args=[row.pk])
     form = operator_client.get(url)
     assert form.status_code == 200 and b'name="note"' in form.content
