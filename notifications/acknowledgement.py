@@ -22,12 +22,12 @@ from typing import Any
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from django.db.models import Q
 from django.dispatch import Signal
 
 from notifications.channel_targets import text_site_masked
 from notifications.db import database_now
 from notifications.list_names import notification_lists_by_name
+from notifications.metrics import time_to_ack_observe
 from notifications.models import AcknowledgedVia, AckRequiredFrom, Notification, NotificationPriority
 
 MAX_NOTE_LENGTH = 2000
@@ -55,8 +55,8 @@ def asks_ack(*, priority: int, ack_required_from: str | None) -> bool:
     if ack_required_from == AckRequiredFrom.NONE:
         return False
     # The other values are the names of the lowest priority that asks.
-    lowest = NotificationPriority.named(ack_required_from or DEFAULT_ACK_REQUIRED_FROM) or NotificationPriority.HIGH
-    return priority >= lowest
+    lowest = NotificationPriority.named(ack_required_from or DEFAULT_ACK_REQUIRED_FROM)
+    return priority >= (NotificationPriority.HIGH if lowest is None else lowest)
 
 
 def notifications_asks_ack(rows: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
@@ -135,8 +135,15 @@ def acknowledge(
         family[0].escalation_due_at = None
         _history(user, fresh, f"Acknowledged via {via} by {by}" + (f": {note}" if note else ""))
         parent = family[0]
-        transaction.on_commit(lambda: notification_acknowledged.send(sender=Notification, notification=parent))
+        seconds = (now - parent.created_at).total_seconds()
+        transaction.on_commit(lambda: _acknowledged(parent, seconds))
     return AckOutcome(notification=given, changed=True)
+
+
+def _acknowledged(parent: Notification, seconds: float) -> None:
+    """After the commit: count the time to acknowledge, tell the receivers of the signal."""
+    time_to_ack_observe(seconds)
+    notification_acknowledged.send(sender=Notification, notification=parent)
 
 
 def clear(notification_id: Any, *, note: str = "", site_id: str | None = None, user: Any = None) -> AckOutcome:
@@ -194,9 +201,3 @@ def acknowledgement_record(notification: Any, *, staff: bool) -> dict[str, Any]:
 
 def _iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
-
-
-def unacknowledged_q() -> Q:
-    """Notifications that ask for acknowledgement and have neither been acknowledged nor cleared
-    (the console's tile and filter, the gauge; a partial index serves it)."""
-    return Q(asks_ack=True, acknowledged_at__isnull=True, cleared_at__isnull=True)

@@ -206,6 +206,12 @@ class Notification(models.Model):
                 name="notif_escalation_of_idx",
                 condition=models.Q(escalation_of__isnull=False),
             ),
+            # Time to acknowledge: the rows acknowledged lately (notifications.ack_kpis).
+            models.Index(
+                fields=["acknowledged_at"],
+                name="notif_acknowledged_idx",
+                condition=models.Q(acknowledged_at__isnull=False),
+            ),
             # The unacknowledged ones (the console's tile, the gauge), newest first.
             models.Index(
                 fields=["priority", "created_at"],

@@ -90,6 +90,9 @@ if not SECRET_KEY:
     # Without SECRET_KEY (development, `make run`): a random key generated once per installation
     # and kept in var/secret_key, so sessions survive restarts and nobody can predict it.
     SECRET_KEY = _generated_secret_key(Path(_read("OUTBOX_SECRET_KEY_FILE", "str", str(VAR_DIR / "secret_key"))))
+# Earlier keys, still accepted for what was signed with them (sessions, acknowledgement links)
+# while a rotation settles; Django signs with SECRET_KEY only.
+SECRET_KEY_FALLBACKS = _read("SECRET_KEY_FALLBACKS", "list", [])
 ALLOWED_HOSTS = _read("ALLOWED_HOSTS", "list", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = _read("CSRF_TRUSTED_ORIGINS", "list", [])
 

@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from notifications.acknowledgement import acknowledged_by_site_masked
 from notifications.api_errors import ERROR_RESPONSES, ErrorSerializer
 from notifications.channel_targets import text_site_masked
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
@@ -276,8 +277,9 @@ def _site(request: Request) -> Site:
 def command_record(command: SiteCommand) -> dict[str, Any]:
     """A command as the agent receives it in a heartbeat answer. The operator's reason is free
     text that may quote a recipient (from a last_error, say): masked as the status record's
-    targets are. An ``acknowledged`` command adds the acknowledgement (``acknowledged_at``,
-    ``acknowledged_via``, ``acknowledged_by`` and ``note``, masked when it was created)."""
+    targets are. An ``acknowledged`` command adds the acknowledgement: ``acknowledged_at``,
+    ``acknowledged_via``, ``acknowledged_by`` masked as in the site's status record, and
+    ``note`` with addresses and numbers masked like the reason."""
     record = {
         "id": str(command.pk),
         "action": command.action,
@@ -285,11 +287,19 @@ def command_record(command: SiteCommand) -> dict[str, Any]:
         "reason": text_site_masked(command.reason),
     }
     if command.action == SiteCommand.Action.ACKNOWLEDGED:
-        record.update({name: command.details.get(name) for name in ACKNOWLEDGEMENT_FIELDS})
+        details = command.details
+        via = details.get("acknowledged_via") or ""
+        record.update(
+            {
+                "acknowledged_at": details.get("acknowledged_at"),
+                "acknowledged_via": via,
+                "acknowledged_by": acknowledged_by_site_masked(
+                    acknowledged_by=details.get("acknowledged_by") or "", acknowledged_via=via
+                ),
+                "note": text_site_masked(details.get("note") or ""),
+            }
+        )
     return record
-
-
-ACKNOWLEDGEMENT_FIELDS = ("acknowledged_at", "acknowledged_via", "acknowledged_by", "note")
 
 
 class HeartbeatView(APIView):

@@ -232,8 +232,8 @@ class SiteCommand(models.Model):
     )
     sent_at = models.DateTimeField(null=True, blank=True)  # last handed to the agent
     acknowledged_at = models.DateTimeField(null=True, blank=True)
-    # An "acknowledged" command's acknowledgement as the site receives it (acknowledged_at,
-    # acknowledged_via, acknowledged_by masked, note), and when it stops being handed out.
+    # An "acknowledged" command's acknowledgement (acknowledged_at, acknowledged_via,
+    # acknowledged_by, note; masked when handed to the site), and when it stops being handed out.
     details = models.JSONField(default=dict, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 

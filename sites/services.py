@@ -14,8 +14,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
-from notifications.acknowledgement import acknowledged_by_site_masked
-from notifications.channel_targets import text_site_masked
 from notifications.clock import database_now
 from notifications.models import AcknowledgedVia, Notification
 from sites.models import (
@@ -210,11 +208,10 @@ def site_acknowledgements_pending(*, site: Site, now: datetime) -> list[SiteComm
     One command per notification the site raised (not an escalation child, not a watchdog's
     notification) that was acknowledged at central — by link, SMS, Teams, the console or the
     staff API; not by the site itself, which knows — within ACKNOWLEDGEMENT_OFFERED_FOR. It is
-    created here, at the first heartbeat that can take it, holding the acknowledgement with
-    ``acknowledged_by`` masked as in the site's status record (and addresses and numbers in the
-    note masked as targets are), and handed out with every heartbeat until the agent
-    acknowledges the command: an answer lost on the way is made good by the next heartbeat,
-    and the agent recognises the command's id and stores the
+    created here, at the first heartbeat that can take it, holding the acknowledgement (masked
+    for the site when it is handed out: sites.api.command_record), and handed out with every
+    heartbeat until the agent acknowledges the command: an answer lost on the way is made good
+    by the next heartbeat, and the agent recognises the command's id and stores the
     acknowledgement once. A unique constraint keeps it to one command per notification, so once
     acknowledged by the agent it is never handed out again. Commands still pending
     ACKNOWLEDGEMENT_OFFERED_FOR after the acknowledgement are expired here.
@@ -253,8 +250,8 @@ def site_acknowledgements_pending(*, site: Site, now: datetime) -> list[SiteComm
                 details={
                     "acknowledged_at": at.isoformat().replace("+00:00", "Z"),
                     "acknowledged_via": via,
-                    "acknowledged_by": acknowledged_by_site_masked(acknowledged_by=by, acknowledged_via=via),
-                    "note": text_site_masked(note),
+                    "acknowledged_by": by,
+                    "note": note,
                 },
             )
         )

@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("notifications", "0027_provider_message_target_index"),
+        ("notifications", "0027_acknowledgement_indexes"),
     ]
 
     operations = [

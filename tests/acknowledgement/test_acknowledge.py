@@ -3,6 +3,7 @@ POST /api/v1/notifications/{id}/ack/ and /clear/: at most once, a child counts f
 a site reaches only its own notifications and sees who acknowledged masked, the decision to ask
 for acknowledgement is taken at ingest from the list."""
 
+import re
 import uuid
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from notifications import acknowledgement
+from notifications.ack_kpis import unacknowledged_q
 from notifications.models import Notification, NotificationList
 from tests.admin.conftest import make_notification, make_user
 from tests.support.payloads import make_payload
@@ -81,7 +83,7 @@ def test_clearing_a_child_clears_the_parent_stops_escalation_and_is_not_an_ackno
     assert parent.escalation_due_at is None
     assert parent.acknowledged_at is None
     assert not acknowledgement.clear(parent.pk).changed
-    assert Notification.objects.filter(acknowledgement.unacknowledged_q()).count() == 0
+    assert Notification.objects.filter(unacknowledged_q()).count() == 0
 
 
 def test_a_site_cannot_acknowledge_another_sites_notification(db):
@@ -234,3 +236,59 @@ def test_bad_bodies_are_400_with_field_errors_and_change_nothing(api, body):
 def test_anonymous_callers_get_401(db):
     row = make_notification(asks_ack=True)
     assert APIClient().post(ack_url(row), format="json").status_code == 401
+
+
+# --- figures ----------------------------------------------------------------------------------------
+
+
+def test_the_kpis_count_the_unacknowledged_and_the_time_to_acknowledge_per_list_and_site(db):
+    from notifications.kpis import kpis_compute
+
+    now = timezone.now()
+    waiting = make_notification(asks_ack=True, priority=Notification.Priority.CRITICAL)
+    make_notification(asks_ack=False, priority=Notification.Priority.CRITICAL)  # does not ask
+    make_notification(asks_ack=True, priority=Notification.Priority.HIGH, cleared_at=now)  # cleared
+    for minutes, site_id in ((2, "plant-a"), (4, "plant-a"), (10, "plant-b")):
+        make_notification(
+            asks_ack=True,
+            priority=Notification.Priority.HIGH,
+            source_site_id=site_id,
+            created_at=now - timedelta(minutes=minutes),
+            acknowledged_at=now,
+            acknowledged_by="x",
+            acknowledged_via="link",
+        )
+    kpis = kpis_compute()
+    overall = kpis["global"]
+    assert overall["unacknowledged"] == 1
+    assert overall["unacknowledged_by_priority"] == {"critical": 1, "high": 0, "normal": 0, "low": 0}
+    assert kpis["per_site"][waiting.source_site_id]["unacknowledged"] == 1
+    per_site = overall["time_to_ack"]["per_site"]
+    assert per_site["plant-a"]["acknowledged"] == 2
+    assert 170 <= per_site["plant-a"]["median_seconds"] <= 190
+    assert per_site["plant-b"]["p90_seconds"] >= 590
+    assert overall["time_to_ack"]["per_list"]["Operators"]["acknowledged"] == 3
+    assert kpis["per_site"]["plant-b"]["time_to_ack"]["acknowledged"] == 1
+
+
+def test_the_metrics_export_the_unacknowledged_gauge_and_the_time_to_ack_histogram(
+    db, client, settings, django_capture_on_commit_callbacks
+):
+    from notifications.metrics import kpi_cache
+
+    settings.OUTBOX_METRICS_CACHE_SECONDS = 0
+    kpi_cache.clear()
+
+    def acknowledged_count(text):
+        found = re.search(r"^outbox_time_to_ack_seconds_count (\S+)$", text, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    make_notification(asks_ack=True, priority=Notification.Priority.CRITICAL)
+    row = make_notification(asks_ack=True, priority=Notification.Priority.HIGH)
+    before = acknowledged_count(client.get("/metrics").content.decode())
+    with django_capture_on_commit_callbacks(execute=True):
+        acknowledgement.acknowledge(row.pk, via="console", by="olivia")
+    text = client.get("/metrics").content.decode()
+    assert 'outbox_unacknowledged{priority="critical"} 1.0' in text
+    assert 'outbox_unacknowledged{priority="high"} 0.0' in text
+    assert acknowledged_count(text) == before + 1

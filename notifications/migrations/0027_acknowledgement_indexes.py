@@ -1,5 +1,7 @@
 """SMS replies find the messages recently sent to one number (notifications.sms_replies): an index
-of provider messages by provider, target and time, built concurrently on PostgreSQL."""
+of provider messages by provider, target and time; the time-to-acknowledge KPI reads the
+notifications acknowledged lately: a partial index of acknowledged rows. Both built
+concurrently on PostgreSQL."""
 
 from django.db import migrations, models
 
@@ -15,6 +17,14 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        AddIndexConcurrentlyWherePossible(
+            model_name="notification",
+            index=models.Index(
+                condition=models.Q(("acknowledged_at__isnull", False)),
+                fields=["acknowledged_at"],
+                name="notif_acknowledged_idx",
+            ),
+        ),
         AddIndexConcurrentlyWherePossible(
             model_name="providermessage",
             index=models.Index(fields=["provider", "target_ref", "created_at"], name="provider_message_target_idx"),
