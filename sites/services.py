@@ -162,6 +162,9 @@ ACKNOWLEDGED_CAPABILITY = "acknowledged"
 ACKNOWLEDGEMENT_OFFERED_FOR = timedelta(hours=24)
 # Commands per lane in one heartbeat answer: operator commands, then acknowledgements.
 COMMANDS_PER_LANE = 100
+# How long an acknowledged command is kept (the console's history) after it stopped being
+# offered; it can never be offered again by then, its acknowledgement being far older than a day.
+ACKNOWLEDGED_COMMANDS_KEPT = timedelta(days=30)
 
 
 def site_heartbeat_record(*, site: Site, report: dict[str, Any]) -> list[SiteCommand]:
@@ -214,7 +217,8 @@ def site_acknowledgements_pending(*, site: Site, now: datetime) -> list[SiteComm
     by the next heartbeat, and the agent recognises the command's id and stores the
     acknowledgement once. A unique constraint keeps it to one command per notification, so once
     acknowledged by the agent it is never handed out again. Commands still pending
-    ACKNOWLEDGEMENT_OFFERED_FOR after the acknowledgement are expired here.
+    ACKNOWLEDGEMENT_OFFERED_FOR after the acknowledgement are expired here, and any
+    ACKNOWLEDGED_COMMANDS_KEPT after that deleted.
 
     Why a record per notification and not a cursor (the latest acknowledgement time handed
     out): acknowledgements commit out of time order, so a time cursor could step over one that
@@ -225,6 +229,7 @@ def site_acknowledgements_pending(*, site: Site, now: datetime) -> list[SiteComm
         state=SiteCommand.State.EXPIRED,
         detail="Not taken by the site's agent within 24 hours of the acknowledgement; no longer offered.",
     )
+    SiteCommand.objects.filter(site=site, action=Ack, expires_at__lt=now - ACKNOWLEDGED_COMMANDS_KEPT).delete()
     fresh = (
         Notification.objects.filter(
             source_site_id=site.site_id,

@@ -189,3 +189,16 @@ def test_the_database_holds_one_acknowledged_command_per_notification_of_a_site(
     # Retry and Discard commands of the same notification are not limited by it.
     SiteCommand.objects.create(site=site, notification_id=notification_id, action="retry")
     SiteCommand.objects.create(site=site, notification_id=notification_id, action="retry")
+
+
+def test_acknowledged_commands_are_kept_30_days_after_their_offer_ended_then_deleted(api, site):
+    acknowledged(api)
+    (command,) = commands(api)
+    api.post(ack_url(command["id"]), {"result": "done", "detail": "stored"}, format="json")
+    SiteCommand.objects.filter(pk=command["id"]).update(expires_at=timezone.now() - timedelta(days=29))
+    commands(api)
+    assert SiteCommand.objects.filter(pk=command["id"]).exists()
+
+    SiteCommand.objects.filter(pk=command["id"]).update(expires_at=timezone.now() - timedelta(days=31))
+    commands(api)
+    assert not SiteCommand.objects.filter(pk=command["id"]).exists()
