@@ -25,6 +25,7 @@ from typing import Any, cast
 from django.db import transaction
 
 from notifications import db
+from notifications.acknowledgement import acknowledgement_record, notifications_asks_ack
 from notifications.channel_targets import teams_type_data_stored, teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
@@ -409,6 +410,10 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
         first_by_id.setdefault(item.notification_id, item)
 
     rows = [_row_for(item, site_id=site_id) for item in first_by_id.values()]
+    # Whether each asks for acknowledgement is decided now, from its list as configured now.
+    asking = notifications_asks_ack(rows)
+    for row in rows:
+        row["asks_ack"] = asking[f"{row['priority']}:{row['list_name']}"]
     inserted: dict[uuid.UUID, datetime] = {}
     for start in range(0, len(rows), INSERT_CHUNK):
         inserted.update(
@@ -541,6 +546,7 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         "delivered_locally_at": _iso(getattr(notification, "delivered_locally_at", None)),
         **_targets_record(getattr(notification, "resolved_targets", None)),
         "targets": notification_targets(notification, staff=staff),
+        **acknowledgement_record(notification, staff=staff),
     }
 
 

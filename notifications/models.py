@@ -206,11 +206,23 @@ class Notification(models.Model):
                 name="notif_escalation_of_idx",
                 condition=models.Q(escalation_of__isnull=False),
             ),
+            # Time to acknowledge: the rows acknowledged lately (notifications.ack_kpis).
+            models.Index(
+                fields=["acknowledged_at"],
+                name="notif_acknowledged_idx",
+                condition=models.Q(acknowledged_at__isnull=False),
+            ),
             # The unacknowledged ones (the console's tile, the gauge), newest first.
             models.Index(
                 fields=["priority", "created_at"],
                 name="notif_unacknowledged_idx",
                 condition=models.Q(asks_ack=True, acknowledged_at__isnull=True, cleared_at__isnull=True),
+            ),
+            # A site's recent acknowledgements, which travel back to its agent (sites.services).
+            models.Index(
+                fields=["source_site_id", "acknowledged_at"],
+                name="notif_site_acknowledged_idx",
+                condition=models.Q(acknowledged_at__isnull=False),
             ),
         ]
         constraints = [
@@ -889,6 +901,10 @@ class ProviderMessage(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["provider", "provider_id"], name="provider_message_unique_id"),
+        ]
+        indexes = [
+            # SMS replies: the messages sent to one number lately (notifications.sms_replies).
+            models.Index(fields=["provider", "target_ref", "created_at"], name="provider_message_target_idx"),
         ]
 
     def __str__(self) -> str:
