@@ -292,3 +292,31 @@ def test_the_metrics_export_the_unacknowledged_gauge_and_the_time_to_ack_histogr
     assert 'outbox_unacknowledged{priority="critical"} 1.0' in text
     assert 'outbox_unacknowledged{priority="high"} 0.0' in text
     assert acknowledged_count(text) == before + 1
+
+
+# --- configuring a list -----------------------------------------------------------------------------
+
+
+def test_the_configuration_file_sets_exports_and_checks_a_lists_ack_required_from(db):
+    from notifications.config_file import ConfigFileError, configuration_export, configuration_import
+
+    configuration_import(data={"lists": [{"name": "Operators", "ack_required_from": "critical"}]})
+    assert NotificationList.objects.get(name="Operators").ack_required_from == "critical"
+    (exported,) = configuration_export()["lists"]
+    assert exported["ack_required_from"] == "critical"
+    with pytest.raises(ConfigFileError) as refused:
+        configuration_import(data={"lists": [{"name": "Operators", "ack_required_from": "sometimes"}]})
+    assert any(".ack_required_from: 'sometimes' is not one of" in problem for problem in refused.value.problems)
+    assert NotificationList.objects.get(name="Operators").ack_required_from == "critical"
+
+
+def test_an_administrator_sets_ack_required_from_in_the_console(db):
+    from django.test import Client
+    from django.urls import reverse
+
+    client = Client()
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    notification_list = NotificationList.objects.create(name="Operators")
+    url = reverse("admin:notifications_notificationlist_change", args=[notification_list.pk])
+    page = client.get(url).content.decode()
+    assert 'name="ack_required_from"' in page
