@@ -34,7 +34,7 @@ from notifications.channels_config import (
 from notifications.config_secrets import config_secret_resolve
 from notifications.email_address import email_address_problem
 from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, notification_lists_by_name
-from notifications.models import EmailRecipient, NotificationList, SmtpConfiguration
+from notifications.models import AckRequiredFrom, EmailRecipient, NotificationList, SmtpConfiguration
 from notifications.operations import smtp_setting_problem
 from notifications.policies import delivery_policies_all, delivery_policy_store, delivery_policy_validate
 from notifications.secret_binding import secret_bind, secret_kept_problem
@@ -71,7 +71,15 @@ SMTP_SECRETS = ("password", "oauth_client_secret")
 # OAuth client certificate's path (not a secret, so exported; absent keeps the stored one).
 SMTP_CREDENTIALS = (*SMTP_SECRETS, "oauth_client_certificate")
 SMTP_REQUIRED = ("host", "from_address")
-LIST_FIELDS = {"name", "description", "recipient_mode", "resend_after_local_delivery", "email", *TARGET_KEYS}
+LIST_FIELDS = {
+    "name",
+    "description",
+    "recipient_mode",
+    "resend_after_local_delivery",
+    "ack_required_from",
+    "email",
+    *TARGET_KEYS,
+}
 SITE_FIELDS = {"site_id", "name", "active", "rate_limit", "rate_burst"}
 SECTIONS = ("smtp", "channels", "policies", "lists", "sites")
 
@@ -155,6 +163,24 @@ def _validate_policies(policies: Any, problems: list[str]) -> None:
             problems.append(f"policies.{channel}.{name}: {problem}")
 
 
+def _list_settings_problems(entry: dict[str, Any], where: str) -> list[str]:
+    """What is wrong with a list entry's settings (its description, recipient mode, local
+    delivery and acknowledgement choices)."""
+    problems = []
+    if not isinstance(entry.get("description", ""), str):
+        problems.append(f"{where}.description: must be a string.")
+    for field, choices, default in (
+        ("recipient_mode", NotificationList.RecipientMode.values, NotificationList.RecipientMode.BCC),
+        ("ack_required_from", AckRequiredFrom.values, AckRequiredFrom.HIGH),
+    ):
+        value = entry.get(field, default)
+        if not isinstance(value, str) or value not in choices:
+            problems.append(f"{where}.{field}: {value!r} is not one of {', '.join(choices)}.")
+    if not isinstance(entry.get("resend_after_local_delivery", False), bool):
+        problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
+    return problems
+
+
 def _validate_lists(lists: Any, problems: list[str]) -> None:
     if not isinstance(lists, list):
         problems.append("lists: must be a list.")
@@ -181,14 +207,7 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             problems.append(f"{where}.name: is required and must be a non-blank string.")
         for field in sorted(set(entry) - LIST_FIELDS):
             problems.append(f"{where}.{field}: unknown field.")
-        if not isinstance(entry.get("description", ""), str):
-            problems.append(f"{where}.description: must be a string.")
-        mode = entry.get("recipient_mode", NotificationList.RecipientMode.BCC)
-        if not isinstance(mode, str) or mode not in NotificationList.RecipientMode.values:
-            allowed = ", ".join(NotificationList.RecipientMode.values)
-            problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
-        if not isinstance(entry.get("resend_after_local_delivery", False), bool):
-            problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
+        problems.extend(_list_settings_problems(entry, where))
         validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
@@ -351,6 +370,7 @@ def _list_import(entry: dict[str, Any], notification_list: NotificationList | No
     notification_list.resend_after_local_delivery = entry.get(
         "resend_after_local_delivery", notification_list.resend_after_local_delivery
     )
+    notification_list.ack_required_from = entry.get("ack_required_from", notification_list.ack_required_from)
     notification_list.save()
     notification_list.email_recipients.all().delete()
     EmailRecipient.objects.bulk_create(
@@ -397,6 +417,7 @@ def configuration_export() -> dict[str, Any]:
                 "description": notification_list.description,
                 "recipient_mode": notification_list.recipient_mode,
                 "resend_after_local_delivery": notification_list.resend_after_local_delivery,
+                "ack_required_from": notification_list.ack_required_from,
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
                 **list_targets_export(notification_list),
             }

@@ -43,8 +43,18 @@ class NotificationListForm(forms.ModelForm):
 
     class Meta:
         model = NotificationList
-        fields = ("name", "description", "recipient_mode", "resend_after_local_delivery")
+        fields = ("name", "description", "recipient_mode", "resend_after_local_delivery", "ack_required_from")
         widgets = {"recipient_mode": forms.RadioSelect}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Left out of a submitted form (a script, a form from before the field existed): kept as
+        # it is (a new list: the default), never refused.
+        if "ack_required_from" in self.fields:  # absent from a read-only view
+            self.fields["ack_required_from"].required = False
+
+    def clean_ack_required_from(self) -> str:
+        return self.cleaned_data.get("ack_required_from") or self.instance.ack_required_from
 
     def clean_name(self) -> str:
         name = list_name_normalize(self.cleaned_data["name"])

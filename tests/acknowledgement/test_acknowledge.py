@@ -185,8 +185,10 @@ def test_another_sites_notification_is_404_to_ack_and_clear(api):
 
 def test_a_site_sees_a_person_who_acknowledged_masked_staff_see_them_as_stored(api, db):
     row = make_notification(asks_ack=True)
-    acknowledgement.acknowledge(row.pk, via="link", by="jane.doe@example.com")
-    assert api.get(f"/api/v1/notifications/{row.pk}/").json()["acknowledged_by"] == "j***@example.com"
+    acknowledgement.acknowledge(row.pk, via="link", by="jane.doe@example.com", note="call me on +4915112345678")
+    record = api.get(f"/api/v1/notifications/{row.pk}/").json()
+    assert record["acknowledged_by"] == "j***@example.com"
+    assert record["acknowledged_note"] == "call me on +49***678"
     staff = APIClient()
     staff.credentials(HTTP_AUTHORIZATION=staff_key_header(make_user("olivia", groups=["Operators"])))
     assert staff.get(f"/api/v1/notifications/{row.pk}/").json()["acknowledged_by"] == "jane.doe@example.com"
@@ -292,3 +294,81 @@ def test_the_metrics_export_the_unacknowledged_gauge_and_the_time_to_ack_histogr
     assert 'outbox_unacknowledged{priority="critical"} 1.0' in text
     assert 'outbox_unacknowledged{priority="high"} 0.0' in text
     assert acknowledged_count(text) == before + 1
+
+
+# --- configuring a list -----------------------------------------------------------------------------
+
+
+def test_the_configuration_file_sets_exports_and_checks_a_lists_ack_required_from(db):
+    from notifications.config_file import ConfigFileError, configuration_export, configuration_import
+
+    configuration_import(data={"lists": [{"name": "Operators", "ack_required_from": "critical"}]})
+    assert NotificationList.objects.get(name="Operators").ack_required_from == "critical"
+    (exported,) = configuration_export()["lists"]
+    assert exported["ack_required_from"] == "critical"
+    with pytest.raises(ConfigFileError) as refused:
+        configuration_import(data={"lists": [{"name": "Operators", "ack_required_from": "sometimes"}]})
+    assert any(".ack_required_from: 'sometimes' is not one of" in problem for problem in refused.value.problems)
+    assert NotificationList.objects.get(name="Operators").ack_required_from == "critical"
+
+
+def test_an_administrator_sets_ack_required_from_in_the_console(db):
+    from django.test import Client
+    from django.urls import reverse
+
+    client = Client()
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    notification_list = NotificationList.objects.create(name="Operators")
+    url = reverse("admin:notifications_notificationlist_change", args=[notification_list.pk])
+    page = client.get(url).content.decode()
+    assert 'name="ack_required_from"' in page
+
+
+def test_a_list_changed_in_this_process_applies_to_the_next_notification_at_once(api):
+    notification_list = NotificationList.objects.create(name="Operators", ack_required_from="critical")
+    first = api.post("/api/v1/notifications/", make_payload(priority="high"), format="json").json()
+    notification_list.ack_required_from = "high"
+    notification_list.save()
+    second = api.post("/api/v1/notifications/", make_payload(priority="high"), format="json").json()
+    assert (first["asks_ack"], second["asks_ack"]) == (False, True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_acknowledgement_chosen_as_a_deadlock_victim_is_run_again_and_succeeds(postgres_only):
+    """A real deadlock: another transaction (a dispatcher finishing a batch) holds the step and
+    then wants the parent, while the acknowledgement holds the parent and wants the step.
+    PostgreSQL aborts the transaction that waited first — the acknowledgement's."""
+    import threading
+    import time
+
+    from django.db import OperationalError, connection, transaction
+
+    parent = make_notification(asks_ack=True)
+    step = make_notification(asks_ack=True, escalation_of=parent.pk, escalation_step=1)
+    step_held, go = threading.Event(), threading.Event()
+    seen: dict[str, str] = {}
+
+    def dispatcher_finish():
+        try:
+            with transaction.atomic():
+                Notification.objects.filter(pk=step.pk).update(last_error="finishing")
+                step_held.set()
+                go.wait(10)
+                time.sleep(0.3)  # the acknowledgement now holds the parent and waits for the step
+                Notification.objects.filter(pk=parent.pk).update(last_error="finishing")
+            seen["dispatcher"] = "committed"
+        except OperationalError:
+            seen["dispatcher"] = "deadlock victim"
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=dispatcher_finish)
+    thread.start()
+    assert step_held.wait(10)
+    go.set()
+    outcome = acknowledgement.acknowledge(step.pk, via="sms", by="+4915112345678")
+    thread.join(20)
+    assert outcome.changed
+    assert seen["dispatcher"] == "committed"  # the acknowledgement was the victim, and was run again
+    stored = reload(parent)
+    assert stored.acknowledged_via == "sms" and stored.last_error == "finishing"
