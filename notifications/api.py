@@ -190,6 +190,20 @@ class StatusRecordSerializer(serializers.Serializer):
         help_text="Targets by outcome; null until an attempt recorded outcomes.",
     )
     targets = TargetSerializer(many=True, help_text="Per target: its outcome and, for SMS, the provider's status.")
+    escalations = inline_serializer(
+        "EscalationStep",
+        {
+            "step": serializers.IntegerField(),
+            "notification_id": serializers.UUIDField(),
+            "list_name": serializers.CharField(),
+            "type": serializers.CharField(),
+            "status": serializers.ChoiceField(choices=Notification.Status.choices),
+            "created_at": serializers.DateTimeField(),
+        },
+        many=True,
+        help_text="The escalation steps taken so far (docs/escalation.md): each child notification, in step "
+        "order; empty for a notification that has not escalated.",
+    )
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         return notification_status_record(instance)

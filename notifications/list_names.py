@@ -93,7 +93,13 @@ def notification_lists_by_name(*, names: Iterable[str]) -> dict[str, Notificatio
         return {}
     by_key: dict[str, NotificationList] = {}
     for notification_list in NotificationList.objects.only(
-        "pk", "name", "recipient_mode", "resend_after_local_delivery"
+        "pk",
+        "name",
+        "recipient_mode",
+        "resend_after_local_delivery",
+        "ack_required_from",
+        "escalation",
+        "repeat_last_every_seconds",
     ).order_by("pk"):
         by_key.setdefault(list_name_key(notification_list.name), notification_list)
     return {name: by_key[key] for name, key in wanted.items() if key in by_key}

@@ -43,6 +43,7 @@ from notifications.dispatch.finish import (
     delivery_attempts_record,
     notifications_finish,
 )
+from notifications.escalation import notifications_escalate_due
 from notifications.health import Channel, dispatch_channels
 from notifications.local_delivery import notifications_settle_delivered_locally
 from notifications.models import Notification
@@ -77,6 +78,7 @@ class PassReport:
     released: int = 0
     lost: int = 0  # finished by someone else meanwhile (lease expired and re-claimed, …)
     expired: int = 0  # parked for their age before the pass claimed anything
+    escalated: int = 0  # escalation steps taken (children created) before the pass claimed anything
     batches: int = 0
     seconds: float = 0.0
     more_due: bool = False  # stopped by the time budget or a stop request with rows still due
@@ -90,6 +92,7 @@ class PassReport:
             f"claimed {self.claimed}, delivered {self.delivered}, retrying {self.retrying}, "
             f"parked {self.parked}, released {self.released}"
             + (f", expired {self.expired}" if self.expired else "")
+            + (f", escalated {self.escalated}" if self.escalated else "")
             + f" in {self.seconds:.2f} s"
         )
 
@@ -509,8 +512,9 @@ def dispatch_pass(
     progress: Callable[[PassReport], None] | None = None,
     backlog: Callable[[], object] | None = None,
 ) -> PassReport:
-    """Expire rows past their channel's maximum age, then claim and deliver batches until
-    nothing is due (or claimable), ``time_budget`` seconds have passed, or ``stop`` is set.
+    """Take the escalation steps that are due (notifications.escalation), expire rows past their
+    channel's maximum age, then claim and deliver batches until nothing is due (or claimable),
+    ``time_budget`` seconds have passed, or ``stop`` is set.
     Returns a :class:`PassReport`.
 
     ``backlog``, if given, is called after every claim that took as many rows as it asked for
@@ -534,6 +538,7 @@ def dispatch_pass(
         progress=progress,
         backlog=backlog,
     )
+    report.escalated = notifications_escalate_due().created  # its children are claimed below
     report.expired = notifications_expire(channels=run.channels)
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver")
     try:

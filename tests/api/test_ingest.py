@@ -48,6 +48,7 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "delivery_summary",
         "target_counts",
         "targets",
+        "escalations",
     }
     assert record["targets"] == []  # resolved at delivery time
     row = Notification.objects.get(pk=payload["notification_id"])
