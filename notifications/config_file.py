@@ -33,8 +33,9 @@ from notifications.channels_config import (
 )
 from notifications.config_secrets import config_secret_resolve
 from notifications.email_address import email_address_problem
+from notifications.escalation import escalation_problems, lists_escalation_stored
 from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, notification_lists_by_name
-from notifications.models import EmailRecipient, NotificationList, SmtpConfiguration
+from notifications.models import AckRequiredFrom, EmailRecipient, NotificationList, SmtpConfiguration
 from notifications.operations import smtp_setting_problem
 from notifications.policies import delivery_policies_all, delivery_policy_store, delivery_policy_validate
 from notifications.secret_binding import secret_bind, secret_kept_problem
@@ -71,7 +72,19 @@ SMTP_SECRETS = ("password", "oauth_client_secret")
 # OAuth client certificate's path (not a secret, so exported; absent keeps the stored one).
 SMTP_CREDENTIALS = (*SMTP_SECRETS, "oauth_client_certificate")
 SMTP_REQUIRED = ("host", "from_address")
-LIST_FIELDS = {"name", "description", "recipient_mode", "resend_after_local_delivery", "email", *TARGET_KEYS}
+LIST_FIELDS = {
+    "name",
+    "description",
+    "recipient_mode",
+    "resend_after_local_delivery",
+    "ack_required_from",
+    "escalation",
+    "repeat_last_every_seconds",
+    "email",
+    *TARGET_KEYS,
+}
+# The channel each key of a list entry holds targets for.
+CHANNEL_OF_KEY = {"email": "email", "teams": "teams", "webhooks": "webhook", "sms": "sms", "apprise": "apprise"}
 SITE_FIELDS = {"site_id", "name", "active", "rate_limit", "rate_burst"}
 SECTIONS = ("smtp", "channels", "policies", "lists", "sites")
 
@@ -189,6 +202,10 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
         if not isinstance(entry.get("resend_after_local_delivery", False), bool):
             problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
+        ack_from = entry.get("ack_required_from", AckRequiredFrom.HIGH)
+        if not isinstance(ack_from, str) or ack_from not in AckRequiredFrom.values:
+            allowed = ", ".join(AckRequiredFrom.values)
+            problems.append(f"{where}.ack_required_from: {ack_from!r} is not one of {allowed}.")
         validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
@@ -203,6 +220,38 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             if address.lower() in lowered:
                 problems.append(f"{where}.email[{position}]: {address!r} is listed twice.")
             lowered.add(address.lower())
+
+
+def _validate_escalations(lists: list[Any], problems: list[str]) -> None:
+    """Problems of the entries' escalation steps, checked against the lists as the import would
+    leave them: the stored ones with the file's entries over them (steps and channel targets)."""
+    stored = lists_escalation_stored()
+    by_key = {list_name_key(name): name for name in stored.steps}
+    steps, channels = dict(stored.steps), {name: set(found) for name, found in stored.channels.items()}
+    entries = [entry for entry in lists if isinstance(entry, dict) and isinstance(entry.get("name"), str)]
+    for entry in entries:
+        name = by_key.get(list_name_key(entry["name"]), list_name_normalize(entry["name"]))
+        steps[name] = entry.get("escalation", steps.get(name, []))
+        found = channels.setdefault(name, set())
+        for key, channel in CHANNEL_OF_KEY.items():
+            if key in entry:
+                found.discard(channel)
+                if entry[key]:
+                    found.add(channel)
+    for index, entry in enumerate(lists):
+        if entry not in entries or ("escalation" not in entry and "repeat_last_every_seconds" not in entry):
+            continue
+        name = by_key.get(list_name_key(entry["name"]), list_name_normalize(entry["name"]))
+        where = f"lists[{index}] ({entry['name']!r})"
+        for problem in escalation_problems(
+            steps=steps[name],
+            repeat_last_every_seconds=entry.get("repeat_last_every_seconds", 0),
+            list_name=name,
+            lists=steps,
+            channels_of=channels,
+        ):
+            field = "repeat_last_every_seconds" if problem.startswith("repeat_last_every_seconds") else "escalation"
+            problems.append(f"{where}.{field}: {problem}")
 
 
 def _validate_sites(sites: Any, problems: list[str]) -> None:
@@ -259,6 +308,8 @@ def _resolved(data: Any) -> tuple[Any, list[str]]:
         _validate_policies(data["policies"], problems)
     if "lists" in data:
         _validate_lists(data["lists"], problems)
+        if isinstance(data["lists"], list):
+            _validate_escalations(data["lists"], problems)
     if "sites" in data:
         _validate_sites(data["sites"], problems)
     if isinstance(data.get("smtp"), dict):
@@ -351,6 +402,8 @@ def _list_import(entry: dict[str, Any], notification_list: NotificationList | No
     notification_list.resend_after_local_delivery = entry.get(
         "resend_after_local_delivery", notification_list.resend_after_local_delivery
     )
+    for field in ("ack_required_from", "escalation", "repeat_last_every_seconds"):
+        setattr(notification_list, field, entry.get(field, getattr(notification_list, field)))
     notification_list.save()
     notification_list.email_recipients.all().delete()
     EmailRecipient.objects.bulk_create(
@@ -397,6 +450,9 @@ def configuration_export() -> dict[str, Any]:
                 "description": notification_list.description,
                 "recipient_mode": notification_list.recipient_mode,
                 "resend_after_local_delivery": notification_list.resend_after_local_delivery,
+                "ack_required_from": notification_list.ack_required_from,
+                "escalation": notification_list.escalation,
+                "repeat_last_every_seconds": notification_list.repeat_last_every_seconds,
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
                 **list_targets_export(notification_list),
             }

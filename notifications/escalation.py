@@ -284,6 +284,36 @@ def notification_escalations(notification: Any) -> list[dict[str, Any]]:
 
 # --- validation: the admin and the configuration file -----------------------------------------------
 
+# Where each channel's targets of a list are (the related name on NotificationList).
+CHANNEL_TARGETS = {
+    "email": "email_recipients",
+    "teams": "teams_targets",
+    "webhook": "webhook_targets",
+    "sms": "sms_targets",
+    "apprise": "apprise_targets",
+}
+
+
+@dataclass(frozen=True)
+class ListsEscalation:
+    """Every list's escalation steps and the channels it has targets for, by list name: what
+    :func:`escalation_problems` checks a list's steps against."""
+
+    steps: dict[str, Any]
+    channels: dict[str, set[str]]
+
+
+def lists_escalation_stored() -> ListsEscalation:
+    """The stored lists' steps and channels with targets (a query per channel)."""
+    names = dict(NotificationList.objects.values_list("pk", "name"))
+    steps = dict(NotificationList.objects.values_list("name", "escalation"))
+    channels: dict[str, set[str]] = {name: set() for name in names.values()}
+    for channel, related in CHANNEL_TARGETS.items():
+        model = NotificationList._meta.get_field(related).related_model
+        for list_pk in model.objects.values_list("notification_list_id", flat=True).distinct():  # type: ignore[union-attr]
+            channels[names[list_pk]].add(channel)
+    return ListsEscalation(steps=steps, channels=channels)
+
 
 def escalation_problems(
     *,
@@ -349,9 +379,11 @@ def escalation_loop(*, start: str, lists: Mapping[str, Any]) -> list[str]:
 
     def targets(key: str) -> list[str]:
         steps = by_key.get(key, ("", []))[1]
+        if not isinstance(steps, list):
+            return []
         return [
             list_name_key(step["list"])
-            for step in steps or []
+            for step in steps
             if isinstance(step, dict) and isinstance(step.get("list"), str)
         ]
 
