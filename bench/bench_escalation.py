@@ -18,7 +18,7 @@ import json
 import sys
 import tempfile
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -58,7 +58,7 @@ def configure(url: str, *, sink_port: int) -> None:
         Path(file.name).unlink()
 
 
-def parents_raise(count: int, *, lead: float) -> object:
+def parents_raise(count: int, *, lead: float) -> datetime:
     """``count`` delivered, unacknowledged parents whose first step is due in ``lead`` s; the
     due time."""
     from notifications.clock import database_now
@@ -116,7 +116,9 @@ def main() -> int:
         )
         time.sleep(1)  # room for a duplicate to show
         lateness = sorted((created - due).total_seconds() for created in children.values_list("created_at", flat=True))
-        delivered = sorted((at - due).total_seconds() for at in children.values_list("delivered_at", flat=True))
+        delivered = sorted(
+            (at - due).total_seconds() for at in children.values_list("delivered_at", flat=True) if at is not None
+        )
         per_parent = children.values("escalation_of").distinct().count()
         total = children.count()
     finally:

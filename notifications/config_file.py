@@ -194,18 +194,7 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             problems.append(f"{where}.name: is required and must be a non-blank string.")
         for field in sorted(set(entry) - LIST_FIELDS):
             problems.append(f"{where}.{field}: unknown field.")
-        if not isinstance(entry.get("description", ""), str):
-            problems.append(f"{where}.description: must be a string.")
-        mode = entry.get("recipient_mode", NotificationList.RecipientMode.BCC)
-        if not isinstance(mode, str) or mode not in NotificationList.RecipientMode.values:
-            allowed = ", ".join(NotificationList.RecipientMode.values)
-            problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
-        if not isinstance(entry.get("resend_after_local_delivery", False), bool):
-            problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
-        ack_from = entry.get("ack_required_from", AckRequiredFrom.HIGH)
-        if not isinstance(ack_from, str) or ack_from not in AckRequiredFrom.values:
-            allowed = ", ".join(AckRequiredFrom.values)
-            problems.append(f"{where}.ack_required_from: {ack_from!r} is not one of {allowed}.")
+        _validate_list_settings(entry, where, problems)
         validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
@@ -220,6 +209,22 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             if address.lower() in lowered:
                 problems.append(f"{where}.email[{position}]: {address!r} is listed twice.")
             lowered.add(address.lower())
+
+
+def _validate_list_settings(entry: dict[str, Any], where: str, problems: list[str]) -> None:
+    """Problems of a list entry's own settings (its description, modes and flags)."""
+    if not isinstance(entry.get("description", ""), str):
+        problems.append(f"{where}.description: must be a string.")
+    mode = entry.get("recipient_mode", NotificationList.RecipientMode.BCC)
+    if not isinstance(mode, str) or mode not in NotificationList.RecipientMode.values:
+        allowed = ", ".join(NotificationList.RecipientMode.values)
+        problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
+    if not isinstance(entry.get("resend_after_local_delivery", False), bool):
+        problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
+    ack_from = entry.get("ack_required_from", AckRequiredFrom.HIGH)
+    if not isinstance(ack_from, str) or ack_from not in AckRequiredFrom.values:
+        allowed = ", ".join(AckRequiredFrom.values)
+        problems.append(f"{where}.ack_required_from: {ack_from!r} is not one of {allowed}.")
 
 
 def _validate_escalations(lists: list[Any], problems: list[str]) -> None:

@@ -354,31 +354,13 @@ def escalation_problems(
             'Escalation must be a list of steps such as [{"after_seconds": 300, "list": "Shift-Leads", "type": "sms"}].'
         ]
     problems: list[str] = []
-    keys = {list_name_key(name): name for name in lists}
+    known = {list_name_key(name) for name in lists}
     channel_keys = {list_name_key(name): set(channels) for name, channels in channels_of.items()}
     previous = 0
     for number, step in enumerate(steps, start=1):
-        where = f"Step {number}"
-        if not isinstance(step, dict) or set(step) != STEP_KEYS:
-            problems.append(f'{where} must have exactly "after_seconds", "list" and "type".')
-            continue
-        after, target, channel = step["after_seconds"], step["list"], step["type"]
-        if not isinstance(after, int) or isinstance(after, bool) or after <= 0:
-            problems.append(f"{where}: after_seconds must be a whole number of seconds above 0.")
-        elif after <= previous:
-            problems.append(
-                f"{where}: after_seconds ({after}) must be more than the step before ({previous}): "
-                "every step counts from when the notification was created."
-            )
-        else:
-            previous = after
-        if not isinstance(target, str) or list_name_key(target) not in keys:
-            problems.append(f"{where}: there is no list named {target!r}.")
-        elif not isinstance(channel, str) or channel not in channel_keys.get(list_name_key(target), set()):
-            known = ", ".join(sorted(channel_keys.get(list_name_key(target), set()))) or "none"
-            problems.append(
-                f"{where}: the list {target!r} has no targets for the channel {channel!r} (it has: {known})."
-            )
+        problems += _step_problems(step, where=f"Step {number}", previous=previous, known=known, channels=channel_keys)
+        if isinstance(step, dict) and isinstance(step.get("after_seconds"), int):
+            previous = max(previous, step["after_seconds"])
     if not isinstance(repeat_last_every_seconds, int) or repeat_last_every_seconds < 0:
         problems.append("repeat_last_every_seconds must be a whole number of seconds, 0 (never) or more.")
     elif repeat_last_every_seconds and not steps:
@@ -387,6 +369,30 @@ def escalation_problems(
         loop = escalation_loop(start=list_name, lists={**lists, list_name: steps})
         if loop:
             problems.append("Escalation would loop back to this list: " + " → ".join(loop) + ".")
+    return problems
+
+
+def _step_problems(
+    step: Any, *, where: str, previous: int, known: set[str], channels: dict[str, set[str]]
+) -> list[str]:
+    """Why one step cannot be: its shape, its ``after_seconds`` (above 0, above ``previous``),
+    its list (one of ``known``, by key) and its channel (one its list has targets for)."""
+    if not isinstance(step, dict) or set(step) != STEP_KEYS:
+        return [f'{where} must have exactly "after_seconds", "list" and "type".']
+    problems = []
+    after, target, channel = step["after_seconds"], step["list"], step["type"]
+    if not isinstance(after, int) or isinstance(after, bool) or after <= 0:
+        problems.append(f"{where}: after_seconds must be a whole number of seconds above 0.")
+    elif after <= previous:
+        problems.append(
+            f"{where}: after_seconds ({after}) must be more than the step before ({previous}): "
+            "every step counts from when the notification was created."
+        )
+    if not isinstance(target, str) or list_name_key(target) not in known:
+        problems.append(f"{where}: there is no list named {target!r}.")
+    elif not isinstance(channel, str) or channel not in channels.get(list_name_key(target), set()):
+        has = ", ".join(sorted(channels.get(list_name_key(target), set()))) or "none"
+        problems.append(f"{where}: the list {target!r} has no targets for the channel {channel!r} (it has: {has}).")
     return problems
 
 

@@ -430,19 +430,7 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
         for item in first_by_id.values()
         if (after := escalation_first_after(priority=item.priority, notification_list=lists.get(item.list_name)))
     }
-    inserted: dict[uuid.UUID, datetime] = {}
-    for start in range(0, len(rows), INSERT_CHUNK):
-        chunk = rows[start : start + INSERT_CHUNK]
-        starting = escalating.keys() & {row["notification_id"] for row in chunk}
-        # A row that escalates is committed with its first due time, never without it.
-        with transaction.atomic() if starting else contextlib.nullcontext():
-            stamps = db.insert_ignoring_conflicts(
-                Notification, chunk, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
-            )
-            notifications_escalation_start(
-                created={nid: (stamps[nid], escalating[nid]) for nid in starting if nid in stamps}
-            )
-        inserted.update(stamps)
+    inserted = _insert(rows, escalating=escalating)
 
     if inserted:
         transaction.on_commit(dispatch_request)  # coalesced; costs this request no query
@@ -480,6 +468,25 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
     _delivered_locally_add(site_id=site_id, inputs=inputs, outcomes=outcomes)
     _outcomes_log(site_id=site_id, inputs=inputs, outcomes=outcomes)
     return outcomes
+
+
+def _insert(rows: list[dict[str, Any]], *, escalating: dict[uuid.UUID, int]) -> dict[uuid.UUID, datetime]:
+    """Insert ``rows`` in chunks; ``{id: ingest time}`` of those inserted. A row in
+    ``escalating`` (seconds to its first escalation step) is committed with its first due time,
+    never without it."""
+    inserted: dict[uuid.UUID, datetime] = {}
+    for start in range(0, len(rows), INSERT_CHUNK):
+        chunk = rows[start : start + INSERT_CHUNK]
+        starting = escalating.keys() & {row["notification_id"] for row in chunk}
+        with transaction.atomic() if starting else contextlib.nullcontext():
+            stamps = db.insert_ignoring_conflicts(
+                Notification, chunk, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
+            )
+            notifications_escalation_start(
+                created={nid: (stamps[nid], escalating[nid]) for nid in starting if nid in stamps}
+            )
+        inserted.update(stamps)
+    return inserted
 
 
 def _delivered_locally_add(*, site_id: str, inputs: Sequence[NotificationInput], outcomes: list[IngestOutcome]) -> None:

@@ -337,6 +337,7 @@ def test_escalation_step_numbers_past_the_last_repeat_only_when_the_list_repeats
     steps = [{"after_seconds": 5, "list": "A", "type": "sms"}]
     assert escalation_step(NotificationList(escalation=steps), 2) is None
     repeated = escalation_step(NotificationList(escalation=steps, repeat_last_every_seconds=9), 4)
+    assert repeated is not None
     assert (repeated.number, repeated.list_name, repeated.type) == (4, "A", "sms")
 
 
