@@ -165,7 +165,8 @@ def _stopped_q() -> Q:
 
 def escalations_next_due(*, now: datetime | None = None) -> datetime | None:
     """The earliest due time of a step (one read of the due-time index); None when no step
-    waits. A row that should not escalate any more counts until a pass drops its due time."""
+    waits. A row that should not escalate any more counts until a pass drops its due time.
+    (``now`` is the signature of the wake time's sources; a step already due is due now.)"""
     return (
         Notification.objects.filter(escalation_due_at__isnull=False)
         .order_by("escalation_due_at")
