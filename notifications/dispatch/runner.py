@@ -43,7 +43,7 @@ from notifications.dispatch.finish import (
     delivery_attempts_record,
     notifications_finish,
 )
-from notifications.escalation import notifications_escalate_due
+from notifications.escalation import escalations_next_due, notifications_escalate_due
 from notifications.health import Channel, dispatch_channels
 from notifications.local_delivery import notifications_settle_delivered_locally
 from notifications.models import Notification
@@ -78,7 +78,7 @@ class PassReport:
     released: int = 0
     lost: int = 0  # finished by someone else meanwhile (lease expired and re-claimed, …)
     expired: int = 0  # parked for their age before the pass claimed anything
-    escalated: int = 0  # escalation steps taken (children created) before the pass claimed anything
+    escalated: int = 0  # escalation steps taken (children created) before the pass's claims
     batches: int = 0
     seconds: float = 0.0
     more_due: bool = False  # stopped by the time budget or a stop request with rows still due
@@ -316,6 +316,7 @@ class _Pass:
     def _claim(self, pool: ThreadPoolExecutor) -> None:
         # The database clock, read once per batch: one query, not one per result.
         clock = database_clock()
+        self._escalate(clock)
         limit = self.pace.claim_size(batch_size=self.batch_size, concurrency=self.concurrency)
         claim = notifications_claim_due(worker_id=self.worker_id, limit=limit, now=clock.now(), channels=self.channels)
         if len(claim.rows) < limit:
@@ -327,6 +328,14 @@ class _Pass:
         self.report.batches += 1
         self.report.claimed += len(claim.rows)
         self._start(claim, clock, pool)
+
+    def _escalate(self, clock: DatabaseClock) -> None:
+        """Take the escalation steps that are due (notifications.escalation) before a claim, so
+        that the claim takes their children: at every claim, not only at the pass's start, so
+        that a step falling due during a long pass (a backlog) waits for a batch, not the pass."""
+        due = escalations_next_due()
+        if due is not None and due <= clock.now():
+            self.report.escalated += notifications_escalate_due(now=clock.now()).created
 
     def _backlog_found(self) -> None:
         """A claim took all it asked for: more may be due than this pass can take. Others are
@@ -512,9 +521,9 @@ def dispatch_pass(
     progress: Callable[[PassReport], None] | None = None,
     backlog: Callable[[], object] | None = None,
 ) -> PassReport:
-    """Take the escalation steps that are due (notifications.escalation), expire rows past their
-    channel's maximum age, then claim and deliver batches until nothing is due (or claimable),
-    ``time_budget`` seconds have passed, or ``stop`` is set.
+    """Expire rows past their channel's maximum age, then claim and deliver batches until
+    nothing is due (or claimable), ``time_budget`` seconds have passed, or ``stop`` is set;
+    before each claim, take the escalation steps that are due (notifications.escalation).
     Returns a :class:`PassReport`.
 
     ``backlog``, if given, is called after every claim that took as many rows as it asked for
@@ -538,7 +547,6 @@ def dispatch_pass(
         progress=progress,
         backlog=backlog,
     )
-    report.escalated = notifications_escalate_due().created  # its children are claimed below
     report.expired = notifications_expire(channels=run.channels)
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver")
     try:

@@ -347,3 +347,17 @@ def test_an_email_alarm_to_a_list_without_escalation_is_untouched(db, smtp_confi
     alarm = raise_alarm(type="email")
     run_pass()
     assert fresh(alarm).status == Status.DELIVERED and children_of(alarm) == []
+
+
+def test_a_step_falling_due_during_a_long_pass_is_taken_at_its_next_claim(operators, smtp_server, smtp_config):
+    EmailRecipient.objects.create(notification_list=NotificationList.objects.create(name="Backlog"), email="b@x.org")
+    smtp_server.behave("accept", delay_seconds=0.2)
+    queue(25, list_name="Backlog")  # about 5 s of deliveries, one at a time
+    alarm = raise_alarm()
+    Notification.objects.filter(pk=alarm.pk).update(status=Status.DELIVERED, next_attempt_at=None)
+    make_step_due(alarm, seconds_ago=-1)  # due 1 s into the pass
+    due = fresh(alarm).escalation_due_at
+    report = run_pass(concurrency=1, batch_size=2)
+    (child,) = children_of(alarm)
+    assert report.delivered >= 25 and report.escalated == 1
+    assert child.created_at - due < timedelta(seconds=1.5)  # not at the pass's end, 4 s later
