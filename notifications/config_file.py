@@ -168,6 +168,24 @@ def _validate_policies(policies: Any, problems: list[str]) -> None:
             problems.append(f"policies.{channel}.{name}: {problem}")
 
 
+def _list_settings_problems(entry: dict[str, Any], where: str) -> list[str]:
+    """What is wrong with a list entry's settings (its description, recipient mode, local
+    delivery and acknowledgement choices)."""
+    problems = []
+    if not isinstance(entry.get("description", ""), str):
+        problems.append(f"{where}.description: must be a string.")
+    for field, choices, default in (
+        ("recipient_mode", NotificationList.RecipientMode.values, NotificationList.RecipientMode.BCC),
+        ("ack_required_from", AckRequiredFrom.values, AckRequiredFrom.HIGH),
+    ):
+        value = entry.get(field, default)
+        if not isinstance(value, str) or value not in choices:
+            problems.append(f"{where}.{field}: {value!r} is not one of {', '.join(choices)}.")
+    if not isinstance(entry.get("resend_after_local_delivery", False), bool):
+        problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
+    return problems
+
+
 def _validate_lists(lists: Any, problems: list[str]) -> None:
     if not isinstance(lists, list):
         problems.append("lists: must be a list.")
@@ -194,7 +212,7 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             problems.append(f"{where}.name: is required and must be a non-blank string.")
         for field in sorted(set(entry) - LIST_FIELDS):
             problems.append(f"{where}.{field}: unknown field.")
-        _validate_list_settings(entry, where, problems)
+        problems.extend(_list_settings_problems(entry, where))
         validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
@@ -209,22 +227,6 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             if address.lower() in lowered:
                 problems.append(f"{where}.email[{position}]: {address!r} is listed twice.")
             lowered.add(address.lower())
-
-
-def _validate_list_settings(entry: dict[str, Any], where: str, problems: list[str]) -> None:
-    """Problems of a list entry's own settings (its description, modes and flags)."""
-    if not isinstance(entry.get("description", ""), str):
-        problems.append(f"{where}.description: must be a string.")
-    mode = entry.get("recipient_mode", NotificationList.RecipientMode.BCC)
-    if not isinstance(mode, str) or mode not in NotificationList.RecipientMode.values:
-        allowed = ", ".join(NotificationList.RecipientMode.values)
-        problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
-    if not isinstance(entry.get("resend_after_local_delivery", False), bool):
-        problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
-    ack_from = entry.get("ack_required_from", AckRequiredFrom.HIGH)
-    if not isinstance(ack_from, str) or ack_from not in AckRequiredFrom.values:
-        allowed = ", ".join(AckRequiredFrom.values)
-        problems.append(f"{where}.ack_required_from: {ack_from!r} is not one of {allowed}.")
 
 
 def _validate_escalations(lists: list[Any], problems: list[str]) -> None:

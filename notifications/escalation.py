@@ -33,9 +33,10 @@ from django.db import transaction
 from django.db.models import Max, Q
 
 from notifications import db
+from notifications.acknowledgement import asks_ack
 from notifications.clock import database_now
 from notifications.list_names import list_name_key, notification_lists_by_name
-from notifications.models import AckRequiredFrom, Notification, NotificationList, NotificationPriority
+from notifications.models import Notification, NotificationList
 
 # A row in one of these statuses never escalates: its due time is dropped when it falls due.
 # (Discarding also drops it at once: notifications.operations.)
@@ -63,15 +64,6 @@ PARENT_FIELDS = (
     "escalation_due_at",
 )
 
-# From which priority up each ack_required_from value asks; "none" never does.
-_ACK_FROM_PRIORITY = {
-    AckRequiredFrom.CRITICAL: NotificationPriority.CRITICAL,
-    AckRequiredFrom.HIGH: NotificationPriority.HIGH,
-    AckRequiredFrom.NORMAL: NotificationPriority.NORMAL,
-    AckRequiredFrom.LOW: NotificationPriority.LOW,
-}
-
-
 @dataclass(frozen=True)
 class EscalationStep:
     """Step ``number`` (from 1) of a list's escalation: after ``after_seconds`` from creation,
@@ -81,15 +73,6 @@ class EscalationStep:
     after_seconds: int
     list_name: str
     type: str
-
-
-def asks_for_acknowledgement(priority: int, notification_list: NotificationList | None) -> bool:
-    """Whether a notification of ``priority`` to ``notification_list`` asks for acknowledgement:
-    its priority is at least the list's ``ack_required_from`` (no list, or ``none``: never)."""
-    if notification_list is None:
-        return False
-    lowest = _ACK_FROM_PRIORITY.get(notification_list.ack_required_from)  # type: ignore[call-overload]
-    return lowest is not None and priority >= lowest
 
 
 def escalation_steps(notification_list: NotificationList | None) -> list[EscalationStep]:
@@ -131,7 +114,7 @@ def escalation_first_after(*, priority: int, notification_list: NotificationList
     """Seconds after its creation that a new notification of ``priority`` to the list takes its
     first escalation step; None when it does not escalate (it does not ask for acknowledgement,
     or its list has no steps)."""
-    if not asks_for_acknowledgement(priority, notification_list):
+    if not asks_ack(priority=priority, ack_required_from=getattr(notification_list, "ack_required_from", None)):
         return None
     first = escalation_step(notification_list, 1)
     return None if first is None else first.after_seconds

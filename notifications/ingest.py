@@ -26,10 +26,10 @@ from typing import Any, cast
 from django.db import transaction
 
 from notifications import db
+from notifications.acknowledgement import acknowledgement_record, asks_ack
 from notifications.channel_targets import teams_type_data_stored, teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.escalation import (
-    asks_for_acknowledgement,
     escalation_first_after,
     notification_escalations,
     notifications_escalation_start,
@@ -532,7 +532,9 @@ def _row_for(item: NotificationInput, *, site_id: str, notification_list: Notifi
     The ingest time is left to the insert (the database's clock)."""
     row = {name: getattr(item, name) for name in SUBMITTED_COLUMNS}
     row["source_site_id"] = site_id
-    row["asks_ack"] = asks_for_acknowledgement(item.priority, notification_list)
+    row["asks_ack"] = asks_ack(
+        priority=item.priority, ack_required_from=getattr(notification_list, "ack_required_from", None)
+    )
     if item.type in TYPE_DATA_STORED:
         row["type_data"] = TYPE_DATA_STORED[item.type](item.type_data)
     return row
@@ -574,6 +576,7 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         "delivered_locally_at": _iso(getattr(notification, "delivered_locally_at", None)),
         **_targets_record(getattr(notification, "resolved_targets", None)),
         "targets": notification_targets(notification, staff=staff),
+        **acknowledgement_record(notification, staff=staff),
         "escalations": [
             {**child, "created_at": _iso(child["created_at"])} for child in notification_escalations(notification)
         ],

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, Value
 from django.utils import timezone
 
+from notifications.ack_kpis import time_to_ack, unacknowledged_counts
 from notifications.backlog import deliveries_queued_by_site, queue_depth_by_priority
 from notifications.counts import counts_fold, counts_kept, failures_since, oldest_queued, open_counts, stuck_counts
 from notifications.health import channels_unhealthy
@@ -75,12 +76,26 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     overall["oldest_pending_age_seconds"] = _age(now, oldest_overall)
     overall["failures_last_interval"] = _failures_since(since)
     overall["queue_depth_by_priority"] = queue_depth_by_priority(queue_depth=overall["queue_depth"])
+    _acknowledgement_add(overall=overall, per_site=per_site, since=since)
     return {
         "global": overall,
         "per_site": dict(sorted(per_site.items())),
         "channels": channels_unhealthy(queue_depth=overall["queue_depth"]),
         "computed_at": now.isoformat().replace("+00:00", "Z"),
     }
+
+
+def _acknowledgement_add(*, overall: dict[str, Any], per_site: dict[str, dict[str, Any]], since: datetime) -> None:
+    """The acknowledgement figures (notifications.ack_kpis): ``unacknowledged`` (and by priority,
+    globally) and ``time_to_ack`` (per list and site globally; each site's own beside its
+    other figures, a site without any left as it is)."""
+    by_priority, by_site = unacknowledged_counts()
+    overall["unacknowledged"] = sum(by_priority.values())
+    overall["unacknowledged_by_priority"] = by_priority
+    overall["time_to_ack"] = time_to_ack(since=since)
+    for site_id, figures in per_site.items():
+        figures["unacknowledged"] = by_site.get(site_id, 0)
+        figures["time_to_ack"] = overall["time_to_ack"]["per_site"].get(site_id)
 
 
 def _open_figures_kept(stuck_before: datetime) -> tuple[dict[str, dict[str, int]], dict[str, datetime]]:

@@ -206,6 +206,12 @@ class Notification(models.Model):
                 name="notif_escalation_of_idx",
                 condition=models.Q(escalation_of__isnull=False),
             ),
+            # Time to acknowledge: the rows acknowledged lately (notifications.ack_kpis).
+            models.Index(
+                fields=["acknowledged_at"],
+                name="notif_acknowledged_idx",
+                condition=models.Q(acknowledged_at__isnull=False),
+            ),
             # The unacknowledged ones (the console's tile, the gauge), newest first.
             models.Index(
                 fields=["priority", "created_at"],
@@ -895,6 +901,10 @@ class ProviderMessage(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["provider", "provider_id"], name="provider_message_unique_id"),
+        ]
+        indexes = [
+            # SMS replies: the messages sent to one number lately (notifications.sms_replies).
+            models.Index(fields=["provider", "target_ref", "created_at"], name="provider_message_target_idx"),
         ]
 
     def __str__(self) -> str:

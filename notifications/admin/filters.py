@@ -15,6 +15,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.text import smart_split, unescape_string_literal
 
 from notifications import db
+from notifications.ack_kpis import unacknowledged_q
 from notifications.console import cause_q
 from notifications.list_names import list_name_key
 from notifications.models import PRIORITY_NAMES, Notification, NotificationList
@@ -151,6 +152,27 @@ class PriorityFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         priority = Notification.Priority.named(self.value() or "")
         return queryset if priority is None else queryset.filter(priority=priority)
+
+
+class AcknowledgementFilter(admin.SimpleListFilter):
+    """Rows by acknowledgement: asking and not yet acknowledged nor cleared (a partial index
+    holds exactly these), acknowledged, or cleared."""
+
+    title = "acknowledgement"
+    parameter_name = "ack"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("unacknowledged", "Unacknowledged"), ("acknowledged", "Acknowledged"), ("cleared", "Cleared")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "unacknowledged":
+            return queryset.filter(unacknowledged_q())
+        if value == "acknowledged":
+            return queryset.filter(acknowledged_at__isnull=False)
+        if value == "cleared":
+            return queryset.filter(cleared_at__isnull=False)
+        return queryset
 
 
 class _ValueFromTableFilter(admin.SimpleListFilter):

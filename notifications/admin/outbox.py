@@ -27,8 +27,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from notifications import db
+from notifications.admin.acknowledgement import AcknowledgementAdmin
 from notifications.admin.common import DiscardForm, ReadOnlyRecords, json_block, missing_object_redirect
 from notifications.admin.filters import (
+    AcknowledgementFilter,
     CreatedRangeFilter,
     DeliveryFilter,
     ListNameFilter,
@@ -203,7 +205,17 @@ class DeliveryAttemptInline(admin.TabularInline):
 
     @admin.display(description="detail")
     def detail_display(self, attempt: DeliveryAttempt) -> str:
-        return json_block(attempt.detail) if attempt.detail else "—"
+        """The adapter's detail as "name: value" lines (nested values as compact JSON)."""
+        detail = attempt.detail
+        if not detail:
+            return "—"
+        if not isinstance(detail, dict):
+            return json_block(detail)
+        lines = (
+            (name.replace("_", " "), value if isinstance(value, str | int | float) else json.dumps(value, default=str))
+            for name, value in detail.items()
+        )
+        return format_html_join("", '<div class="outbox-detail">{}: {}</div>', lines)
 
     # Attempts are part of the notification's audit record: whoever may view the notification
     # sees them; nobody edits them.
@@ -236,7 +248,7 @@ STATUS_CSS: dict[str, str] = {
 
 
 @admin.register(Notification)
-class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
+class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmin, admin.ModelAdmin):
     list_display = (
         "short_id",
         "status_badge",
@@ -254,6 +266,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         DeliveryFilter,
         StuckFilter,
         PriorityFilter,
+        AcknowledgementFilter,
         TypeFilter,
         SourceSiteFilter,
         ListNameFilter,
@@ -293,6 +306,8 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
                 )
             },
         ),
+        ("History", {"fields": ("timeline_display",)}),
+        ("Acknowledgement", {"fields": ("acknowledgement_display", "cleared_display")}),
         (
             "Delivery",
             {
@@ -567,6 +582,9 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             "can_retry_now": status == Status.RETRYING and self.has_retry_permission(request),
             "can_discard": status in DISCARDABLE and self.has_discard_permission(request),
             "can_requeue": status == Status.DISCARDED and self.has_requeue_permission(request),
+            "can_acknowledge": obj is not None
+            and obj.acknowledged_at is None
+            and self.has_acknowledge_permission(request, obj),
         }
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -585,6 +603,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             "retry-now": self.retry_now_view,
             "discard": self.discard_view,
             "requeue": self.requeue_view,
+            "acknowledge": self.acknowledge_view,
         }
         return [
             *(

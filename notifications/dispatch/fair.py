@@ -74,6 +74,8 @@ CLAIM_FIELDS = (
     "claimed_until",
     # A row the site delivered itself is settled without a delivery (notifications.local_delivery).
     "delivered_locally_at",
+    # A row that asks for acknowledgement carries its link (email, Teams, SMS) and SMS reply code.
+    "asks_ack",
 )
 # Within a key, rows without a due time first, then by it: the claim index's order.
 DUE_ORDER = F("next_attempt_at").asc(nulls_first=True)

@@ -48,6 +48,13 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "delivery_summary",
         "target_counts",
         "targets",
+        "asks_ack",
+        "acknowledged_at",
+        "acknowledged_by",
+        "acknowledged_via",
+        "acknowledged_note",
+        "cleared_at",
+        "cleared_note",
         "escalations",
     }
     assert record["targets"] == []  # resolved at delivery time

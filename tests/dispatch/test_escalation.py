@@ -15,7 +15,6 @@ from notifications.clock import database_now
 from notifications.dispatch.claim import dispatch_wake_at
 from notifications.dispatch.wait import dispatch_wait
 from notifications.escalation import (
-    asks_for_acknowledgement,
     escalation_step,
     notifications_escalate_due,
 )
@@ -93,16 +92,6 @@ def test_a_notification_below_the_lists_ack_required_from_neither_asks_nor_escal
     notice = fresh(raise_alarm(priority="normal"))
     assert notice.asks_ack is False
     assert notice.escalation_due_at is None
-
-
-def test_ack_required_from_decides_from_which_priority_up_a_notification_asks(db):
-    critical_only = NotificationList(ack_required_from="critical")
-    never = NotificationList(ack_required_from="none")
-    every = NotificationList(ack_required_from="low")
-    assert [asks_for_acknowledgement(p, critical_only) for p in (0, 1, 2, 3)] == [False, False, False, True]
-    assert [asks_for_acknowledgement(p, never) for p in (0, 1, 2, 3)] == [False] * 4
-    assert [asks_for_acknowledgement(p, every) for p in (0, 1, 2, 3)] == [True] * 4
-    assert asks_for_acknowledgement(3, None) is False  # no such list
 
 
 def test_a_list_without_steps_asks_for_acknowledgement_but_does_not_escalate(db):
