@@ -64,6 +64,7 @@ PARENT_FIELDS = (
     "escalation_due_at",
 )
 
+
 @dataclass(frozen=True)
 class EscalationStep:
     """Step ``number`` (from 1) of a list's escalation: after ``after_seconds`` from creation,

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY cannot run inside a transaction
 
     dependencies = [
-        ('notifications', '0026_notification_database_defaults'),
+        ('notifications', '0027_acknowledgement_indexes'),
     ]
 
     operations = [

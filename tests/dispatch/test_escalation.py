@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 
+from notifications.acknowledgement import acknowledge, clear
 from notifications.clock import database_now
 from notifications.dispatch.claim import dispatch_wake_at
 from notifications.dispatch.wait import dispatch_wait
@@ -211,22 +212,35 @@ def test_a_repeat_missed_while_no_worker_ran_is_taken_once_not_made_up(operators
 # --- stopping -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field", ["acknowledged_at", "cleared_at"])
-def test_acknowledged_or_cleared_before_due_no_child_is_created(operators, field):
+@pytest.mark.parametrize("stop", ["acknowledged", "cleared"])
+def test_acknowledged_or_cleared_before_due_no_child_is_created(operators, stop):
     alarm = raise_alarm()
-    Notification.objects.filter(pk=alarm.pk).update(**{field: database_now()})
-    make_step_due(alarm)
+    if stop == "acknowledged":
+        assert acknowledge(alarm.pk, via="console", by="olivia").changed
+    else:
+        assert clear(alarm.pk, note="pressure back to normal", site_id="plant-a").changed
+    assert fresh(alarm).escalation_due_at is None  # no longer a wake time
+    Notification.objects.filter(pk=alarm.pk).update(escalation_due_at=database_now())  # a late step would not run
     report = notifications_escalate_due()
     assert children_of(alarm) == []
     assert report.stopped == 1
-    assert fresh(alarm).escalation_due_at is None  # no longer a wake time
+    assert fresh(alarm).escalation_due_at is None
+
+
+def test_a_row_acknowledged_behind_the_due_pass_is_dropped_by_it(operators):
+    alarm = make_step_due(raise_alarm())
+    Notification.objects.filter(pk=alarm.pk).update(acknowledged_at=database_now())  # due time left behind
+    assert notifications_escalate_due().stopped == 1
+    assert children_of(alarm) == [] and fresh(alarm).escalation_due_at is None
 
 
 def test_acknowledged_after_step_one_no_step_two(operators):
     alarm = make_step_due(raise_alarm())
     notifications_escalate_due()
-    Notification.objects.filter(pk=alarm.pk).update(acknowledged_at=database_now())
-    make_step_due(alarm)
+    (child,) = children_of(alarm)
+    assert acknowledge(child.pk, via="link", by="lead@example.com").changed  # the child's link counts
+    assert fresh(alarm).acknowledged_at is not None and fresh(alarm).escalation_due_at is None
+    Notification.objects.filter(pk=alarm.pk).update(escalation_due_at=database_now())
     notifications_escalate_due()
     assert [child.escalation_step for child in children_of(alarm)] == [1]
 
