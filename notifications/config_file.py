@@ -259,6 +259,27 @@ def _validate_escalations(lists: list[Any], problems: list[str]) -> None:
         ):
             field = "repeat_last_every_seconds" if problem.startswith("repeat_last_every_seconds") else "escalation"
             problems.append(f"{where}.{field}: {problem}")
+    in_file = {list_name_key(entry["name"]) for entry in entries}
+    problems += _stored_escalations_problems(stored.steps, in_file=in_file, steps=steps, channels=channels)
+
+
+def _stored_escalations_problems(
+    stored: dict[str, Any], *, in_file: set[str], steps: dict[str, Any], channels: dict[str, set[str]]
+) -> list[str]:
+    """Problems the file makes for the steps of stored lists it does not mention (by their name
+    keys ``in_file``): a step to a list whose targets for the step's channel the file removes."""
+    problems = []
+    for name, own in stored.items():
+        if list_name_key(name) in in_file or not isinstance(own, list):
+            continue
+        targets = {
+            list_name_key(step["list"]) for step in own if isinstance(step, dict) and isinstance(step.get("list"), str)
+        }
+        if not targets & in_file:
+            continue  # the file changes none of the lists it escalates to
+        for problem in escalation_problems(steps=own, list_name=name, lists=steps, channels_of=channels):
+            problems.append(f"lists: the list {name!r} (not in this file) would escalate wrongly: {problem}")
+    return problems
 
 
 def _validate_sites(sites: Any, problems: list[str]) -> None:

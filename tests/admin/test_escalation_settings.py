@@ -182,3 +182,15 @@ def test_a_step_to_a_list_whose_targets_the_file_removes_is_refused(db, leads):
     with pytest.raises(ConfigFileError) as refused:
         configuration_import(data=data)
     assert any("has no targets for the channel 'sms'" in problem for problem in refused.value.problems)
+
+
+def test_a_file_that_removes_the_targets_a_stored_lists_step_uses_is_refused(db, leads):
+    NotificationList.objects.create(name="Operators", escalation=[step(300)])
+    with pytest.raises(ConfigFileError) as refused:
+        configuration_import(data={"lists": [{"name": "Shift-Leads", "sms": []}]})
+    assert refused.value.problems == [
+        "lists: the list 'Operators' (not in this file) would escalate wrongly: Step 1: the list 'Shift-Leads' has "
+        "no targets for the channel 'sms' (it has: none)."
+    ]
+    assert leads.sms_targets.exists()
+    configuration_import(data={"lists": [{"name": "Shift-Leads", "email": ["lead@example.com"]}]})  # sms kept: fine
