@@ -8,6 +8,7 @@ import json
 import pytest
 from django.urls import reverse
 
+from notifications.checks import check_escalations
 from notifications.config_file import ConfigFileError, configuration_export, configuration_import
 from notifications.escalation import escalation_loop
 from notifications.models import EmailRecipient, NotificationList, SmsTarget
@@ -194,3 +195,14 @@ def test_a_file_that_removes_the_targets_a_stored_lists_step_uses_is_refused(db,
     ]
     assert leads.sms_targets.exists()
     configuration_import(data={"lists": [{"name": "Shift-Leads", "email": ["lead@example.com"]}]})  # sms kept: fine
+
+
+def test_a_system_check_warns_of_a_step_whose_list_lost_its_targets(db, leads):
+    NotificationList.objects.create(name="Operators", escalation=[step(300)])
+    assert check_escalations(databases=["default"]) == []
+    leads.sms_targets.all().delete()  # on the Shift-Leads page, after the steps were saved
+    (warning,) = check_escalations(databases=["default"])
+    assert warning.id == "outbox.W030"
+    assert "The escalation of the list 'Operators' cannot be taken as configured: Step 1: the list 'Shift-Leads' " in (
+        warning.msg
+    )
