@@ -12,31 +12,27 @@ escalation step being created at the same moment either sees the acknowledgement
 by it.
 
 Whether a notification asks for acknowledgement at all (``asks_ack``) is decided when central
-creates it, from its list's ``ack_required_from`` (:func:`notifications_asks_ack`; a list's
-change applies to notifications created from a few seconds later).
+creates it, from its list's ``ack_required_from`` (:func:`asks_ack`; ingest reads the lists
+through notifications.list_names.notification_lists_for_ingest, so a list's change applies to
+notifications created from a few seconds later).
 """
 
-import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import OperationalError, connection, transaction
-from django.db.models.signals import post_delete, post_save
-from django.dispatch import Signal, receiver
+from django.dispatch import Signal
 
 from notifications.channel_targets import text_site_masked
 from notifications.db import database_now
-from notifications.list_names import list_name_key
 from notifications.metrics import time_to_ack_observe
 from notifications.models import (
     AcknowledgedVia,
     AckRequiredFrom,
     Notification,
-    NotificationList,
     NotificationPriority,
 )
 
@@ -67,51 +63,6 @@ def asks_ack(*, priority: int, ack_required_from: str | None) -> bool:
     # The other values are the names of the lowest priority that asks.
     lowest = NotificationPriority.named(ack_required_from or DEFAULT_ACK_REQUIRED_FROM)
     return priority >= (NotificationPriority.HIGH if lowest is None else lowest)
-
-
-def notifications_asks_ack(rows: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
-    """``asks_ack`` of new rows (``list_name`` and ``priority`` each), by list name and priority
-    as ``f"{priority}:{list_name}"``, from the lists' settings as this process last read them
-    (:func:`ack_required_from_by_key`)."""
-    settings_by_key = ack_required_from_by_key()
-    return {
-        f"{row['priority']}:{row['list_name']}": asks_ack(
-            priority=int(row["priority"]), ack_required_from=settings_by_key.get(list_name_key(row["list_name"]))
-        )
-        for row in rows
-    }
-
-
-# Each list's ack_required_from by its name's comparison key, as read at a time (monotonic).
-# Ingest needs it for every notification, and reading the lists on every post costs as much as
-# the insert itself (measured: 2.6 ms a single-post ingest without the read, 7.5 ms with it, 30
-# lists, PostgreSQL on loopback); so it is read at most every LIST_SETTINGS_CACHE_SECONDS per
-# process, and at once after this process saved or deleted a list.
-LIST_SETTINGS_CACHE_SECONDS = 5.0
-_list_settings: tuple[float, dict[str, str]] | None = None
-_list_settings_lock = threading.Lock()
-
-
-def ack_required_from_by_key() -> dict[str, str]:
-    """``{list_name_key(name): ack_required_from}`` of every list (the first list of a key, as
-    notifications.list_names resolves names), at most LIST_SETTINGS_CACHE_SECONDS old."""
-    global _list_settings
-    with _list_settings_lock:
-        if _list_settings is not None and time.monotonic() - _list_settings[0] < LIST_SETTINGS_CACHE_SECONDS:
-            return _list_settings[1]
-        by_key: dict[str, str] = {}
-        for name, asked_from in NotificationList.objects.order_by("pk").values_list("name", "ack_required_from"):
-            by_key.setdefault(list_name_key(name), asked_from)
-        _list_settings = (time.monotonic(), by_key)
-        return by_key
-
-
-@receiver([post_save, post_delete], sender=NotificationList)
-def list_settings_forget(**kwargs: Any) -> None:
-    """A list was saved or deleted in this process: read the lists' settings afresh."""
-    global _list_settings
-    with _list_settings_lock:
-        _list_settings = None
 
 
 def _family_locked(notification_id: Any, *, site_id: str | None) -> tuple[Notification | None, list[Notification]]:

@@ -208,6 +208,20 @@ class StatusRecordSerializer(serializers.Serializer):
         allow_null=True, help_text="When the site said the alarm returned to normal; null until then."
     )
     cleared_note = serializers.CharField(allow_null=True)
+    escalations = inline_serializer(
+        "EscalationStep",
+        {
+            "step": serializers.IntegerField(),
+            "notification_id": serializers.UUIDField(),
+            "list_name": serializers.CharField(),
+            "type": serializers.CharField(),
+            "status": serializers.ChoiceField(choices=Notification.Status.choices),
+            "created_at": serializers.DateTimeField(),
+        },
+        many=True,
+        help_text="The escalation steps taken so far (docs/escalation.md): each child notification, in step "
+        "order; empty for a notification that has not escalated.",
+    )
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         return notification_status_record(instance)

@@ -15,6 +15,7 @@ class NotificationsConfig(AppConfig):
             check_attachment_limit,
             check_channels,
             check_deploy_settings,
+            check_escalations,
             check_plaintext_auth,
             check_schedules_present,
             check_secrets_decryptable,
@@ -37,6 +38,7 @@ class NotificationsConfig(AppConfig):
         checks.register(check_attachment_limit)
         checks.register(check_channels, checks.Tags.database)
         checks.register(check_workers_running, checks.Tags.database)
+        checks.register(check_escalations, checks.Tags.database)
         checks.register(check_deploy_settings, checks.Tags.security, deploy=True)
         # After every migrate: the worker's schedules exist without a deployment step.
         post_migrate.connect(schedules_after_migrate, sender=self, dispatch_uid="outbox-schedules")

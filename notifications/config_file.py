@@ -33,6 +33,7 @@ from notifications.channels_config import (
 )
 from notifications.config_secrets import config_secret_resolve
 from notifications.email_address import email_address_problem
+from notifications.escalation import escalation_problems, lists_escalation_stored
 from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, notification_lists_by_name
 from notifications.models import AckRequiredFrom, EmailRecipient, NotificationList, SmtpConfiguration
 from notifications.operations import smtp_setting_problem
@@ -77,9 +78,13 @@ LIST_FIELDS = {
     "recipient_mode",
     "resend_after_local_delivery",
     "ack_required_from",
+    "escalation",
+    "repeat_last_every_seconds",
     "email",
     *TARGET_KEYS,
 }
+# The channel each key of a list entry holds targets for.
+CHANNEL_OF_KEY = {"email": "email", "teams": "teams", "webhooks": "webhook", "sms": "sms", "apprise": "apprise"}
 SITE_FIELDS = {"site_id", "name", "active", "rate_limit", "rate_burst"}
 SECTIONS = ("smtp", "channels", "policies", "lists", "sites")
 
@@ -224,6 +229,59 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             lowered.add(address.lower())
 
 
+def _validate_escalations(lists: list[Any], problems: list[str]) -> None:
+    """Problems of the entries' escalation steps, checked against the lists as the import would
+    leave them: the stored ones with the file's entries over them (steps and channel targets)."""
+    stored = lists_escalation_stored()
+    by_key = {list_name_key(name): name for name in stored.steps}
+    steps, channels = dict(stored.steps), {name: set(found) for name, found in stored.channels.items()}
+    entries = [entry for entry in lists if isinstance(entry, dict) and isinstance(entry.get("name"), str)]
+    for entry in entries:
+        name = by_key.get(list_name_key(entry["name"]), list_name_normalize(entry["name"]))
+        steps[name] = entry.get("escalation", steps.get(name, []))
+        found = channels.setdefault(name, set())
+        for key, channel in CHANNEL_OF_KEY.items():
+            if key in entry:
+                found.discard(channel)
+                if entry[key]:
+                    found.add(channel)
+    for index, entry in enumerate(lists):
+        if entry not in entries or ("escalation" not in entry and "repeat_last_every_seconds" not in entry):
+            continue
+        name = by_key.get(list_name_key(entry["name"]), list_name_normalize(entry["name"]))
+        where = f"lists[{index}] ({entry['name']!r})"
+        for problem in escalation_problems(
+            steps=steps[name],
+            repeat_last_every_seconds=entry.get("repeat_last_every_seconds", 0),
+            list_name=name,
+            lists=steps,
+            channels_of=channels,
+        ):
+            field = "repeat_last_every_seconds" if problem.startswith("repeat_last_every_seconds") else "escalation"
+            problems.append(f"{where}.{field}: {problem}")
+    in_file = {list_name_key(entry["name"]) for entry in entries}
+    problems += _stored_escalations_problems(stored.steps, in_file=in_file, steps=steps, channels=channels)
+
+
+def _stored_escalations_problems(
+    stored: dict[str, Any], *, in_file: set[str], steps: dict[str, Any], channels: dict[str, set[str]]
+) -> list[str]:
+    """Problems the file makes for the steps of stored lists it does not mention (by their name
+    keys ``in_file``): a step to a list whose targets for the step's channel the file removes."""
+    problems = []
+    for name, own in stored.items():
+        if list_name_key(name) in in_file or not isinstance(own, list):
+            continue
+        targets = {
+            list_name_key(step["list"]) for step in own if isinstance(step, dict) and isinstance(step.get("list"), str)
+        }
+        if not targets & in_file:
+            continue  # the file changes none of the lists it escalates to
+        for problem in escalation_problems(steps=own, list_name=name, lists=steps, channels_of=channels):
+            problems.append(f"lists: the list {name!r} (not in this file) would escalate wrongly: {problem}")
+    return problems
+
+
 def _validate_sites(sites: Any, problems: list[str]) -> None:
     if not isinstance(sites, list):
         problems.append("sites: must be a list.")
@@ -278,6 +336,8 @@ def _resolved(data: Any) -> tuple[Any, list[str]]:
         _validate_policies(data["policies"], problems)
     if "lists" in data:
         _validate_lists(data["lists"], problems)
+        if isinstance(data["lists"], list):
+            _validate_escalations(data["lists"], problems)
     if "sites" in data:
         _validate_sites(data["sites"], problems)
     if isinstance(data.get("smtp"), dict):
@@ -370,7 +430,8 @@ def _list_import(entry: dict[str, Any], notification_list: NotificationList | No
     notification_list.resend_after_local_delivery = entry.get(
         "resend_after_local_delivery", notification_list.resend_after_local_delivery
     )
-    notification_list.ack_required_from = entry.get("ack_required_from", notification_list.ack_required_from)
+    for field in ("ack_required_from", "escalation", "repeat_last_every_seconds"):
+        setattr(notification_list, field, entry.get(field, getattr(notification_list, field)))
     notification_list.save()
     notification_list.email_recipients.all().delete()
     EmailRecipient.objects.bulk_create(
@@ -418,6 +479,8 @@ def configuration_export() -> dict[str, Any]:
                 "recipient_mode": notification_list.recipient_mode,
                 "resend_after_local_delivery": notification_list.resend_after_local_delivery,
                 "ack_required_from": notification_list.ack_required_from,
+                "escalation": notification_list.escalation,
+                "repeat_last_every_seconds": notification_list.repeat_last_every_seconds,
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
                 **list_targets_export(notification_list),
             }

@@ -10,6 +10,7 @@ An id that already exists is a replay when the same site sent the same content (
 fingerprint), and an idempotency conflict otherwise; neither changes the stored row.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -25,12 +26,22 @@ from typing import Any, cast
 from django.db import transaction
 
 from notifications import db
-from notifications.acknowledgement import acknowledgement_record, notifications_asks_ack
+from notifications.acknowledgement import acknowledgement_record, asks_ack
 from notifications.channel_targets import teams_type_data_stored, teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
-from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
+from notifications.escalation import (
+    escalation_first_after,
+    notification_escalations,
+    notifications_escalation_start,
+)
+from notifications.list_names import (
+    list_name_normalize,
+    list_name_problem,
+    notification_lists_for_ingest,
+    text_control_problem,
+)
 from notifications.local_delivery import notifications_delivered_locally_record
-from notifications.models import PRIORITY_NAMES, Notification
+from notifications.models import PRIORITY_NAMES, Notification, NotificationList
 from notifications.providers import notification_targets
 from notifications.trigger import dispatch_request
 from notifications.vocabulary import ADAPTER_PATHS, targets_summary
@@ -409,21 +420,17 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
     for item in inputs:
         first_by_id.setdefault(item.notification_id, item)
 
-    rows = [_row_for(item, site_id=site_id) for item in first_by_id.values()]
-    # Whether each asks for acknowledgement is decided now, from its list as configured now.
-    asking = notifications_asks_ack(rows)
-    for row in rows:
-        row["asks_ack"] = asking[f"{row['priority']}:{row['list_name']}"]
-    inserted: dict[uuid.UUID, datetime] = {}
-    for start in range(0, len(rows), INSERT_CHUNK):
-        inserted.update(
-            db.insert_ignoring_conflicts(
-                Notification,
-                rows[start : start + INSERT_CHUNK],
-                stamped=INGEST_TIME_COLUMNS,
-                stamped_if_null=INGEST_TIME_IF_MISSING,
-            )
-        )
+    lists = notification_lists_for_ingest(names={item.list_name for item in first_by_id.values()})
+    rows = [
+        _row_for(item, site_id=site_id, notification_list=lists.get(item.list_name)) for item in first_by_id.values()
+    ]
+    # Seconds to the first escalation step of the rows whose list escalates them.
+    escalating = {
+        item.notification_id: after
+        for item in first_by_id.values()
+        if (after := escalation_first_after(priority=item.priority, notification_list=lists.get(item.list_name)))
+    }
+    inserted = _insert(rows, escalating=escalating)
 
     if inserted:
         transaction.on_commit(dispatch_request)  # coalesced; costs this request no query
@@ -463,6 +470,25 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
     return outcomes
 
 
+def _insert(rows: list[dict[str, Any]], *, escalating: dict[uuid.UUID, int]) -> dict[uuid.UUID, datetime]:
+    """Insert ``rows`` in chunks; ``{id: ingest time}`` of those inserted. A row in
+    ``escalating`` (seconds to its first escalation step) is committed with its first due time,
+    never without it."""
+    inserted: dict[uuid.UUID, datetime] = {}
+    for start in range(0, len(rows), INSERT_CHUNK):
+        chunk = rows[start : start + INSERT_CHUNK]
+        starting = escalating.keys() & {row["notification_id"] for row in chunk}
+        with transaction.atomic() if starting else contextlib.nullcontext():
+            stamps = db.insert_ignoring_conflicts(
+                Notification, chunk, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
+            )
+            notifications_escalation_start(
+                created={nid: (stamps[nid], escalating[nid]) for nid in starting if nid in stamps}
+            )
+        inserted.update(stamps)
+    return inserted
+
+
 def _delivered_locally_add(*, site_id: str, inputs: Sequence[NotificationInput], outcomes: list[IngestOutcome]) -> None:
     """Replays that say the site delivered the row itself add that to a row that does not say
     so yet (notifications.local_delivery); the outcome's row shows it."""
@@ -500,11 +526,15 @@ def _outcomes_log(*, site_id: str, inputs: Sequence[NotificationInput], outcomes
             )
 
 
-def _row_for(item: NotificationInput, *, site_id: str) -> dict[str, Any]:
+def _row_for(item: NotificationInput, *, site_id: str, notification_list: NotificationList | None) -> dict[str, Any]:
     """The submitted columns of the new row (plain values: a model instance per row would
-    cost more than the insert). The ingest time is left to the insert (the database's clock)."""
+    cost more than the insert), and whether it asks for acknowledgement (its list decides).
+    The ingest time is left to the insert (the database's clock)."""
     row = {name: getattr(item, name) for name in SUBMITTED_COLUMNS}
     row["source_site_id"] = site_id
+    row["asks_ack"] = asks_ack(
+        priority=item.priority, ack_required_from=getattr(notification_list, "ack_required_from", None)
+    )
     if item.type in TYPE_DATA_STORED:
         row["type_data"] = TYPE_DATA_STORED[item.type](item.type_data)
     return row
@@ -547,6 +577,9 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         **_targets_record(getattr(notification, "resolved_targets", None)),
         "targets": notification_targets(notification, staff=staff),
         **acknowledgement_record(notification, staff=staff),
+        "escalations": [
+            {**child, "created_at": _iso(child["created_at"])} for child in notification_escalations(notification)
+        ],
     }
 
 

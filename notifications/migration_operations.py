@@ -70,3 +70,26 @@ class AddCheckConstraintValidatedLater(migrations.AddConstraint):
         name = schema_editor.quote_name(self.constraint.name)
         schema_editor.execute(f"{self.constraint.create_sql(model, schema_editor)} NOT VALID")
         schema_editor.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
+
+
+class AddUniqueConstraintConcurrentlyWherePossible(migrations.AddConstraint):
+    """``AddConstraint`` of a partial unique constraint (one with a condition, which PostgreSQL
+    keeps as a unique index); on PostgreSQL its index is built ``CONCURRENTLY`` (run it in a
+    non-atomic migration)."""
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if not _postgresql(schema_editor):
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+            return
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        sql = str(self.constraint.create_sql(model, schema_editor))
+        assert sql.startswith("CREATE UNIQUE INDEX "), sql  # a partial unique constraint is an index
+        schema_editor.execute(sql.replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX CONCURRENTLY ", 1))
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
+        if not _postgresql(schema_editor):
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+            return
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(self.constraint.name)}")

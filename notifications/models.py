@@ -234,6 +234,12 @@ class Notification(models.Model):
             models.CheckConstraint(
                 condition=models.Q(priority__in=NotificationPriority.values), name="notif_priority_valid"
             ),
+            # One child per parent and escalation step (notifications.escalation).
+            models.UniqueConstraint(
+                fields=["escalation_of", "escalation_step"],
+                condition=models.Q(escalation_of__isnull=False),
+                name="notif_escalation_step_unique",
+            ),
         ]
         permissions = [
             ("retry_notification", "Can retry parked notifications and retry waiting ones now"),

@@ -192,6 +192,7 @@ def notification_discard(*, notification_ids: Iterable[Any], user: User, reason:
         changes={
             "status": Status.DISCARDED,
             "next_attempt_at": None,
+            "escalation_due_at": None,  # a discarded notification does not escalate
             "claimed_by": "",
             "claimed_until": None,
             "discarded_at": _NOW,

@@ -19,6 +19,7 @@ from django.urls import URLPattern, path, reverse
 from notifications.admin.channels import CHANNEL_INLINES
 from notifications.admin.common import SecretsUndecryptableExplained, missing_object_redirect
 from notifications.email_address import email_address_problem
+from notifications.escalation import escalation_problems, lists_escalation_stored
 from notifications.list_names import list_name_normalize, list_name_problem, notification_list_clash
 from notifications.list_tools import (
     TEST_SUBJECT_PREFIX,
@@ -43,18 +44,67 @@ class NotificationListForm(forms.ModelForm):
 
     class Meta:
         model = NotificationList
-        fields = ("name", "description", "recipient_mode", "resend_after_local_delivery", "ack_required_from")
-        widgets = {"recipient_mode": forms.RadioSelect}
+        fields = (
+            "name",
+            "description",
+            "recipient_mode",
+            "resend_after_local_delivery",
+            "ack_required_from",
+            "escalation",
+            "repeat_last_every_seconds",
+        )
+        widgets = {
+            "recipient_mode": forms.RadioSelect,
+            "escalation": forms.Textarea(
+                attrs={
+                    "rows": 4,
+                    "cols": 80,
+                    "placeholder": '[{"after_seconds": 300, "list": "Shift-Leads", "type": "sms"}]',
+                }
+            ),
+        }
+        help_texts = {
+            "escalation": "Steps in JSON, in order: when a notification that asks for acknowledgement is neither "
+            "acknowledged nor cleared after_seconds after it was created, a copy goes to that list by that channel "
+            "(email, teams, webhook, sms, apprise). Each step counts from the creation, so after_seconds increase. "
+            "Empty: no escalation.",
+        }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Left out of a submitted form (a script, a form from before the field existed): kept as
-        # it is (a new list: the default), never refused.
-        if "ack_required_from" in self.fields:  # absent from a read-only view
-            self.fields["ack_required_from"].required = False
+        # A form posted without them (a script, an older page) keeps the list's values.
+        for name in ("ack_required_from", "repeat_last_every_seconds"):
+            if name in self.fields:
+                self.fields[name].required = False
 
     def clean_ack_required_from(self) -> str:
         return self.cleaned_data.get("ack_required_from") or self.instance.ack_required_from
+
+    def clean_repeat_last_every_seconds(self) -> int:
+        value = self.cleaned_data.get("repeat_last_every_seconds")
+        return self.instance.repeat_last_every_seconds if value is None else value
+
+    def clean_escalation(self) -> Any:
+        return self.cleaned_data.get("escalation") or []  # a blank field: no steps
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if "escalation" not in cleaned or "repeat_last_every_seconds" not in cleaned:
+            return cleaned  # a field error already says what is wrong
+        stored = lists_escalation_stored()
+        if self.instance.pk:
+            stored.steps.pop(self.instance.name, None)  # this list's steps are the form's
+        problems = escalation_problems(
+            steps=cleaned["escalation"],
+            repeat_last_every_seconds=cleaned["repeat_last_every_seconds"],
+            list_name=cleaned.get("name") or self.instance.name,
+            lists=stored.steps,
+            channels_of=stored.channels,
+        )
+        for problem in problems:
+            field = "repeat_last_every_seconds" if problem.startswith("repeat_last_every_seconds") else "escalation"
+            self.add_error(field, problem)
+        return cleaned
 
     def clean_name(self) -> str:
         name = list_name_normalize(self.cleaned_data["name"])

@@ -55,6 +55,7 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "acknowledged_note",
         "cleared_at",
         "cleared_note",
+        "escalations",
     }
     assert record["targets"] == []  # resolved at delivery time
     row = Notification.objects.get(pk=payload["notification_id"])
