@@ -168,6 +168,21 @@ class StatusRecordSerializer(serializers.Serializer):
     delivered_locally_at = serializers.DateTimeField(
         allow_null=True, help_text="When the site delivered it through its own local relay (the site's clock)."
     )
+    suppressed_by = serializers.CharField(
+        allow_blank=True,
+        help_text="Why it was never sent: duplicate:<notification id>, silence:<silence id> (silence:mw<id>: a "
+        "maintenance window) or digest:<digest's notification id>; blank when it was not suppressed. Kept when an "
+        "operator delivers it anyway.",
+    )
+    dedup_key = serializers.CharField(allow_blank=True, help_text="The key duplicates are recognised by.")
+    occurrences = serializers.IntegerField(
+        help_text="How many times its alarm was raised while it stood for its duplicates, itself included (1: no "
+        "duplicate)."
+    )
+    last_occurrence_at = serializers.DateTimeField(allow_null=True, help_text="When its last duplicate came.")
+    held_for_digest = serializers.DateTimeField(
+        allow_null=True, help_text="Held by a flood: when its digest is made (it is then Suppressed)."
+    )
     delivery_summary = serializers.CharField(
         allow_blank=True,
         help_text='Per-target outcome in words, e.g. "delivered to 118 of 120, 2 refused (550)"; empty until an '
@@ -472,18 +487,21 @@ ACTION_PERMISSIONS = {
     "retry": "notifications.retry_notification",
     "discard": "notifications.discard_notification",
     "requeue": "notifications.requeue_notification",
+    # Deliver anyway: permissioned like Retry (it sends what would not have been sent).
+    "release": "notifications.retry_notification",
 }
-ACTION_FIELDS = {"retry": set(), "discard": {"reason"}, "requeue": set()}
+ACTION_FIELDS = {"retry": set(), "discard": {"reason"}, "requeue": set(), "release": set()}
 ACTION_APPLIES = {
     "retry": "Parked (Retry) or Retrying (Retry now)",
     "discard": "Pending, Retrying or Parked",
     "requeue": "Discarded",
+    "release": "Suppressed, or Pending and held for a flood digest",
 }
 
 ActionResultSerializer = inline_serializer(
     "ActionResult",
     {
-        "action": serializers.CharField(help_text="retry, retry_now, discard or requeue"),
+        "action": serializers.CharField(help_text="retry, retry_now, discard, requeue or release"),
         "notification": StatusRecordSerializer(),
     },
 )
@@ -577,4 +595,13 @@ class NotificationRequeueView(NotificationActionView):
     @_action_schema("requeue")
     def post(self, request: Request, notification_id: Any) -> Response:
         """Requeue a Discarded notification."""
+        return super().post(request, notification_id)
+
+
+class NotificationReleaseView(NotificationActionView):
+    action = "release"
+
+    @_action_schema("release")
+    def post(self, request: Request, notification_id: Any) -> Response:
+        """Deliver a Suppressed notification anyway (or one held for a flood digest): it goes out on its own."""
         return super().post(request, notification_id)

@@ -31,6 +31,13 @@ from notifications.list_names import list_name_normalize, list_name_problem, tex
 from notifications.local_delivery import notifications_delivered_locally_record
 from notifications.models import PRIORITY_NAMES, Notification
 from notifications.providers import notification_targets
+from notifications.suppression import (
+    list_decisions,
+    rows_need_lock,
+    rows_silence,
+    rows_suppression_columns,
+    suppression_lock,
+)
 from notifications.trigger import dispatch_request
 from notifications.vocabulary import ADAPTER_PATHS, targets_summary
 
@@ -89,6 +96,8 @@ TEXT_RULES = (
     TextRule("body", required=True, single_line=False),
     TextRule("source_instance_id", required=False),
     TextRule("source_script", required=False),
+    # "The same alarm again" (docs/suppression.md); blank: none.
+    TextRule("dedup_key", required=False),
     # Optional; when given it must be the key's site (see notification_validate).
     TextRule("source_site_id", required=False, default=None),
 )
@@ -115,6 +124,7 @@ class NotificationInput:
     site_enqueued_at: datetime | None  # None: the site did not say; central uses the ingest time
     source_site_id: str
     priority: int = Notification.Priority.NORMAL
+    dedup_key: str = ""
     # When the site delivered it itself (its agent's local fallback). Not part of the
     # fingerprint: a replay may add it (notifications.local_delivery).
     delivered_locally_at: datetime | None = None
@@ -139,6 +149,9 @@ class NotificationInput:
             # Only a priority other than the default is part of it, so that rows stored before
             # priorities existed keep their fingerprints and their replays stay replays.
             parts += (f"priority={Notification.Priority(self.priority).label}",)
+        if self.dedup_key:
+            # Likewise only when given: a replay carries the same key, so it stays a replay.
+            parts += (f"dedup_key={self.dedup_key}",)
         object.__setattr__(self, "fingerprint", hashlib.sha256("\x00".join(parts).encode()).hexdigest())
 
 
@@ -148,8 +161,9 @@ ACCEPTED_FIELDS = frozenset(f.name for f in dataclasses.fields(NotificationInput
 SUBMITTED_COLUMNS = tuple(f.name for f in dataclasses.fields(NotificationInput))
 # Ingest time, on the database clock: when the row was created and first due; also the site's
 # enqueue time when the site did not say.
-INGEST_TIME_COLUMNS = ("created_at", "next_attempt_at")
-INGEST_TIME_IF_MISSING = ("site_enqueued_at",)
+# (A row held for a flood digest is first due when its digest is: notifications.suppression.)
+INGEST_TIME_COLUMNS = ("created_at",)
+INGEST_TIME_IF_MISSING = ("site_enqueued_at", "next_attempt_at")
 _DEFAULTED_FIELDS = tuple(
     f for f in Notification._meta.concrete_fields if f.attname not in {*SUBMITTED_COLUMNS, *INGEST_TIME_COLUMNS}
 )
@@ -384,6 +398,7 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
             type_data=type_data,
             source_instance_id=cast(str, texts["source_instance_id"]),
             source_script=cast(str, texts["source_script"]),
+            dedup_key=cast(str, texts["dedup_key"]),
             site_enqueued_at=site_enqueued_at,
             source_site_id=site_id,
             priority=priority,
@@ -409,16 +424,7 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
         first_by_id.setdefault(item.notification_id, item)
 
     rows = [_row_for(item, site_id=site_id) for item in first_by_id.values()]
-    inserted: dict[uuid.UUID, datetime] = {}
-    for start in range(0, len(rows), INSERT_CHUNK):
-        inserted.update(
-            db.insert_ignoring_conflicts(
-                Notification,
-                rows[start : start + INSERT_CHUNK],
-                stamped=INGEST_TIME_COLUMNS,
-                stamped_if_null=INGEST_TIME_IF_MISSING,
-            )
-        )
+    inserted = _rows_insert(rows, site_id=site_id)
 
     if inserted:
         transaction.on_commit(dispatch_request)  # coalesced; costs this request no query
@@ -456,6 +462,48 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
     _delivered_locally_add(site_id=site_id, inputs=inputs, outcomes=outcomes)
     _outcomes_log(site_id=site_id, inputs=inputs, outcomes=outcomes)
     return outcomes
+
+
+def _rows_insert(rows: list[dict[str, Any]], *, site_id: str) -> dict[uuid.UUID, datetime]:
+    """Insert the new rows, suppressed where a silence, a duplicate or a flood says so
+    (notifications.suppression); ``{id: ingest time}`` of the rows inserted."""
+    rows_suppression_columns(rows)
+    rows_silence(rows)
+    locked_lists = {name.casefold(): name for name in rows_need_lock(rows)}
+    plain = [row for row in rows if row["list_name"].casefold() not in locked_lists]
+    inserted: dict[uuid.UUID, datetime] = {}
+    for start in range(0, len(plain), INSERT_CHUNK):
+        inserted.update(_insert(plain[start : start + INSERT_CHUNK]))
+    for folded, list_name in locked_lists.items():
+        group = [row for row in rows if row["list_name"].casefold() == folded]
+        inserted.update(_insert_deciding(site_id=site_id, list_name=list_name, rows=group))
+    return inserted
+
+
+def _insert(rows: list[dict[str, Any]]) -> dict[uuid.UUID, datetime]:
+    return db.insert_ignoring_conflicts(
+        Notification, rows, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
+    )
+
+
+def _insert_deciding(*, site_id: str, list_name: str, rows: list[dict[str, Any]]) -> dict[uuid.UUID, datetime]:
+    """Insert the rows of one list whose fate depends on earlier rows (duplicates, floods): in
+    one transaction under the list's lock, deciding for the rows that are new (a replay changes
+    nothing), then recording what the decisions counted."""
+    inserted: dict[uuid.UUID, datetime] = {}
+    with transaction.atomic():
+        suppression_lock(site_id=site_id, list_name=list_name)
+        existing = set(
+            Notification.objects.filter(pk__in=[row["notification_id"] for row in rows]).values_list("pk", flat=True)
+        )
+        decisions = list_decisions(site_id=site_id, list_name=list_name, now=db.database_now())
+        for row in rows:
+            if row["notification_id"] not in existing:
+                decisions.decide(row)
+        for start in range(0, len(rows), INSERT_CHUNK):
+            inserted.update(_insert(rows[start : start + INSERT_CHUNK]))
+        decisions.save(inserted)
+    return inserted
 
 
 def _delivered_locally_add(*, site_id: str, inputs: Sequence[NotificationInput], outcomes: list[IngestOutcome]) -> None:
@@ -539,8 +587,22 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         "next_attempt_at": _iso(notification.next_attempt_at),
         "delivered_at": _iso(notification.delivered_at),
         "delivered_locally_at": _iso(getattr(notification, "delivered_locally_at", None)),
+        **suppression_record(notification),
         **_targets_record(getattr(notification, "resolved_targets", None)),
         "targets": notification_targets(notification, staff=staff),
+    }
+
+
+def suppression_record(notification: Any) -> dict[str, Any]:
+    """``suppressed_by`` (blank unless it was suppressed), ``dedup_key``, ``occurrences`` (the
+    times its alarm was raised while it stood for its duplicates, itself included),
+    ``last_occurrence_at`` and ``held_for_digest`` (when a flood digest takes it, else null)."""
+    return {
+        "suppressed_by": getattr(notification, "suppressed_by", ""),
+        "dedup_key": getattr(notification, "dedup_key", ""),
+        "occurrences": getattr(notification, "occurrences", 1),
+        "last_occurrence_at": _iso(getattr(notification, "last_occurrence_at", None)),
+        "held_for_digest": _iso(getattr(notification, "held_for_digest", None)),
     }
 
 

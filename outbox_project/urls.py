@@ -30,6 +30,11 @@ urlpatterns = [
         name="notification-requeue",
     ),
     path(
+        "api/v1/notifications/<uuid:notification_id>/release/",
+        api.NotificationReleaseView.as_view(),
+        name="notification-release",
+    ),
+    path(
         "api/v1/providers/twilio/status/",
         providers.TwilioStatusCallbackView.as_view(),
         name="provider-twilio-status",
