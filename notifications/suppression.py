@@ -286,7 +286,7 @@ class _ListDecisions:
         channel = row["type"]
         window = self.windows.get(channel)
         if window is None:
-            window = _flood_window(site_id=self.site_id, list_name=row["list_name"], channel=channel)
+            window = _flood_window(site_id=self.site_id, list_name=row["list_name"], channel=channel, now=self.now)
             self.windows[channel] = window
         if window.ends_at <= self.now:
             window.started_at = self.now
@@ -310,12 +310,10 @@ class _ListDecisions:
                 )
 
 
-def _flood_window(*, site_id: str, list_name: str, channel: str) -> FloodWindow:
+def _flood_window(*, site_id: str, list_name: str, channel: str, now: datetime) -> FloodWindow:
+    """The window row of the key, locked (a new one has ended already: the caller starts it)."""
     window, _ = FloodWindow.objects.select_for_update().get_or_create(
-        site=site_id,
-        list_name=list_name.casefold(),
-        type=channel,
-        defaults={"started_at": database_now(), "ends_at": database_now(), "count": 0},
+        site=site_id, list_name=list_name.casefold(), type=channel, defaults={"started_at": now, "ends_at": now}
     )
     return window
 
