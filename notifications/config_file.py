@@ -71,7 +71,18 @@ SMTP_SECRETS = ("password", "oauth_client_secret")
 # OAuth client certificate's path (not a secret, so exported; absent keeps the stored one).
 SMTP_CREDENTIALS = (*SMTP_SECRETS, "oauth_client_certificate")
 SMTP_REQUIRED = ("host", "from_address")
-LIST_FIELDS = {"name", "description", "recipient_mode", "resend_after_local_delivery", "email", *TARGET_KEYS}
+# A list's suppression settings (docs/suppression.md): whole seconds or counts; the flood window
+# at least 1 second.
+LIST_SUPPRESSION_FIELDS = {"dedup_window_seconds": 0, "flood_threshold": 0, "flood_window_seconds": 1}
+LIST_FIELDS = {
+    "name",
+    "description",
+    "recipient_mode",
+    "resend_after_local_delivery",
+    "email",
+    *TARGET_KEYS,
+    *LIST_SUPPRESSION_FIELDS,
+}
 SITE_FIELDS = {"site_id", "name", "active", "rate_limit", "rate_burst"}
 SECTIONS = ("smtp", "channels", "policies", "lists", "sites")
 
@@ -189,6 +200,7 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
         if not isinstance(entry.get("resend_after_local_delivery", False), bool):
             problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
+        _validate_list_suppression(entry, where, problems)
         validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
@@ -338,6 +350,15 @@ def _smtp_import(smtp: dict[str, Any]) -> str:
     return written
 
 
+def _validate_list_suppression(entry: dict[str, Any], where: str, problems: list[str]) -> None:
+    for name, least in LIST_SUPPRESSION_FIELDS.items():
+        if name not in entry:
+            continue
+        value = entry[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 2**31 - 1:
+            problems.append(f"{where}.{name}: must be a whole number of at least {least}.")
+
+
 def _list_import(entry: dict[str, Any], notification_list: NotificationList | None) -> bool:
     """Write one list entry (validated) over ``notification_list`` (None: a new list); its
     recipients become the entry's. True when the list was created."""
@@ -351,6 +372,8 @@ def _list_import(entry: dict[str, Any], notification_list: NotificationList | No
     notification_list.resend_after_local_delivery = entry.get(
         "resend_after_local_delivery", notification_list.resend_after_local_delivery
     )
+    for field in LIST_SUPPRESSION_FIELDS:
+        setattr(notification_list, field, entry.get(field, getattr(notification_list, field)))
     notification_list.save()
     notification_list.email_recipients.all().delete()
     EmailRecipient.objects.bulk_create(
@@ -397,6 +420,7 @@ def configuration_export() -> dict[str, Any]:
                 "description": notification_list.description,
                 "recipient_mode": notification_list.recipient_mode,
                 "resend_after_local_delivery": notification_list.resend_after_local_delivery,
+                **{field: getattr(notification_list, field) for field in LIST_SUPPRESSION_FIELDS},
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
                 **list_targets_export(notification_list),
             }

@@ -32,8 +32,10 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.db.models import Count, F, Min, Q
+from django.db.models.expressions import RawSQL
 
 from notifications.db import database_now
 from notifications.models import FloodWindow, MaintenanceWindow, Notification, NotificationList, Silence
@@ -435,22 +437,131 @@ def digest_body(held: Sequence[Notification]) -> str:
 def suppression_counts_by_site(*, since: datetime) -> dict[str, dict[str, int]]:
     """Per site: ``suppressed_last_interval`` (Suppressed rows created since ``since``: the
     status-and-creation index) and ``held_for_digest`` (Pending rows held now: a partial index
-    of a handful of rows)."""
-    figures: dict[str, dict[str, int]] = {}
-    suppressed = (
-        Notification.objects.filter(status=Status.SUPPRESSED, created_at__gte=since)
+    of a handful of rows). One statement."""
+    suppressed = Q(status=Status.SUPPRESSED, created_at__gte=since)
+    held = Q(held_for_digest__isnull=False, status=Status.PENDING)
+    rows = (
+        Notification.objects.filter(suppressed | held)
         .values("source_site_id")
+        .annotate(
+            suppressed_last_interval=Count("created_at", filter=suppressed),
+            held_for_digest=Count("created_at", filter=held),
+        )
+        .order_by()
+    )
+    return {
+        row["source_site_id"]: {
+            "suppressed_last_interval": row["suppressed_last_interval"],
+            "held_for_digest": row["held_for_digest"],
+        }
+        for row in rows
+    }
+
+
+# --- silences -------------------------------------------------------------------------------------
+
+SILENCE_MATCHERS = ("site", "list_name", "source_instance_id", "subject_contains")
+
+
+def silence_problems(
+    *, matchers: dict[str, str], starts_at: datetime, ends_at: datetime, reason: str, now: datetime
+) -> dict[str, list[str]]:
+    """What is wrong with a silence, per field (empty: nothing): at least one matcher, a reason,
+    an end after its start and after now, at most OUTBOX_SILENCE_MAX_DAYS long."""
+    problems: dict[str, list[str]] = {}
+    if not any(matchers.get(name) for name in SILENCE_MATCHERS):
+        problems["non_field_errors"] = [
+            "Say what to silence: a site, a list, a source or subject text (a silence of everything is refused)."
+        ]
+    if not reason.strip():
+        problems["reason"] = ["A reason is required."]
+    longest = timedelta(days=django_settings.OUTBOX_SILENCE_MAX_DAYS)
+    if ends_at <= starts_at:
+        problems["ends_at"] = ["Must be after the start."]
+    elif ends_at <= now:
+        problems["ends_at"] = ["Must be in the future."]
+    elif ends_at - starts_at > longest:
+        problems["ends_at"] = [f"A silence lasts at most {longest.days} days (OUTBOX_SILENCE_MAX_DAYS)."]
+    return problems
+
+
+def silence_end(*, silence: Silence, now: datetime | None = None) -> bool:
+    """End ``silence`` now: one that has started keeps its record (rows name it) and ends now;
+    one that has not started is deleted. False when it had already ended."""
+    now = now or database_now()
+    if silence.ends_at <= now:
+        return False
+    if silence.starts_at >= now:
+        silence.delete()
+    else:
+        silence.ends_at = now
+        silence.save(update_fields=["ends_at"])
+    return True
+
+
+def silence_suppressed(silence_id: Any) -> Any:
+    """The rows ``silence_id`` suppressed that are still Suppressed (for Deliver anyway)."""
+    return Notification.objects.filter(status=Status.SUPPRESSED, suppressed_by=f"silence:{silence_id}")
+
+
+# --- the flood report ---------------------------------------------------------------------------
+
+ISA_FLOOD_BENCHMARK = 10  # ISA-18.2: more than 10 alarms per operator in 10 minutes is a flood
+FLOOD_BUCKET_SECONDS = 600
+TOP_SOURCES = 10
+
+
+def _ten_minute_bucket_sql() -> str:
+    """The start of a row's 10-minute interval, in seconds since the epoch, as SQL."""
+    if connection.vendor == "postgresql":
+        return "floor(extract(epoch from created_at) / 600) * 600"
+    return "(CAST(strftime('%%s', created_at) AS INTEGER) / 600) * 600"
+
+
+def flood_report(*, now: datetime | None = None) -> dict[str, Any]:
+    """Alarms (every notification ingested, suppressed ones included: each was raised) per list
+    per 10 minutes over the last 24 h against the ISA-18.2 benchmark, and the top sources by
+    count over 24 h and 7 days (docs/suppression.md#the-flood-report)."""
+    now = now or database_now()
+    day_ago = now - timedelta(hours=24)
+    buckets = (
+        Notification.objects.filter(created_at__gte=day_ago)
+        .annotate(bucket=RawSQL(_ten_minute_bucket_sql(), []))
+        .values("list_name", "bucket")
         .annotate(n=Count("created_at"))
         .order_by()
     )
-    for row in suppressed:
-        figures.setdefault(row["source_site_id"], {})["suppressed_last_interval"] = row["n"]
-    held = (
-        Notification.objects.filter(held_for_digest__isnull=False, status=Status.PENDING)
-        .values("source_site_id")
-        .annotate(n=Count("created_at"))
-        .order_by()
+    lists: dict[str, dict[str, Any]] = {}
+    current = int(now.timestamp()) // FLOOD_BUCKET_SECONDS * FLOOD_BUCKET_SECONDS
+    for row in buckets:
+        entry = lists.setdefault(
+            row["list_name"], {"list_name": row["list_name"], "max_per_10_min": 0, "floods": 0, "last_10_min": 0}
+        )
+        entry["max_per_10_min"] = max(entry["max_per_10_min"], row["n"])
+        entry["floods"] += int(row["n"] > ISA_FLOOD_BENCHMARK)
+        if int(row["bucket"]) == current:
+            entry["last_10_min"] = row["n"]
+    return {
+        "benchmark_per_10_min": ISA_FLOOD_BENCHMARK,
+        "lists_24h": sorted(lists.values(), key=lambda entry: (-entry["max_per_10_min"], entry["list_name"])),
+        "top_sources_24h": _top_sources(since=day_ago),
+        "top_sources_7d": _top_sources(since=now - timedelta(days=7)),
+    }
+
+
+def _top_sources(*, since: datetime) -> list[dict[str, Any]]:
+    rows = (
+        Notification.objects.filter(created_at__gte=since)
+        .values("source_site_id", "source_instance_id")
+        .annotate(count=Count("created_at"), suppressed=Count("created_at", filter=Q(status=Status.SUPPRESSED)))
+        .order_by("-count", "source_site_id", "source_instance_id")[:TOP_SOURCES]
     )
-    for row in held:
-        figures.setdefault(row["source_site_id"], {})["held_for_digest"] = row["n"]
-    return figures
+    return [
+        {
+            "site": row["source_site_id"],
+            "source_instance_id": row["source_instance_id"],
+            "count": row["count"],
+            "suppressed": row["suppressed"],
+        }
+        for row in rows
+    ]

@@ -31,6 +31,9 @@ from notifications.list_tools import (
 from notifications.models import EmailRecipient, NotificationList
 from notifications.vocabulary import ADAPTER_PATHS
 
+# A list's suppression settings (docs/suppression.md).
+SUPPRESSION_FIELDS = ("dedup_window_seconds", "flood_threshold", "flood_window_seconds")
+
 
 class NotificationListForm(forms.ModelForm):
     add_addresses = forms.CharField(
@@ -43,8 +46,37 @@ class NotificationListForm(forms.ModelForm):
 
     class Meta:
         model = NotificationList
-        fields = ("name", "description", "recipient_mode", "resend_after_local_delivery")
+        fields = (
+            "name",
+            "description",
+            "recipient_mode",
+            "resend_after_local_delivery",
+            *SUPPRESSION_FIELDS,
+        )
         widgets = {"recipient_mode": forms.RadioSelect}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Suppression settings: left out of a form (or blank), they keep their defaults.
+        for name in SUPPRESSION_FIELDS:
+            if name in self.fields:
+                self.fields[name].required = False
+
+    def _clean_setting(self, name: str) -> int:
+        value = self.cleaned_data.get(name)
+        if value is None:
+            default = NotificationList._meta.get_field(name).default  # type: ignore[union-attr]
+            return int(getattr(self.instance, name, default) if self.instance.pk else default)
+        return int(value)
+
+    def clean_dedup_window_seconds(self) -> int:
+        return self._clean_setting("dedup_window_seconds")
+
+    def clean_flood_threshold(self) -> int:
+        return self._clean_setting("flood_threshold")
+
+    def clean_flood_window_seconds(self) -> int:
+        return self._clean_setting("flood_window_seconds")
 
     def clean_name(self) -> str:
         name = list_name_normalize(self.cleaned_data["name"])

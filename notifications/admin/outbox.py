@@ -45,6 +45,7 @@ from notifications.admin.filters import (
     stuck_before,
 )
 from notifications.admin.outbox_views import OutboxConsoleViews, redrive_link
+from notifications.admin.silences import flood_report_page, silence_links
 from notifications.console import parked_for_lists_now_existing, retried_at
 from notifications.console_time import console_time
 from notifications.email_preview import EmailPreview, email_preview_build, type_data_shorten
@@ -587,6 +588,9 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             "can_retry_now": status == Status.RETRYING and self.has_retry_permission(request),
             "can_discard": status in DISCARDABLE and self.has_discard_permission(request),
             "can_requeue": status == Status.DISCARDED and self.has_requeue_permission(request),
+            "silence_links": silence_links(obj)
+            if obj is not None and request.user.has_perm("notifications.add_silence")
+            else [],
             "can_release": obj is not None
             and (status == Status.SUPPRESSED or obj.held_for_digest is not None)
             and self.has_retry_permission(request),
@@ -602,6 +606,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             "redrive": self.redrive_view,
             "export": self.export_view,
             "timezone": self.timezone_view,
+            "flood": self.flood_report_view,
         }
         views = {
             "retry": self.retry_view,
@@ -690,6 +695,9 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         if ids is not None:
             result = notification_release(notification_ids=ids, user=request.user)
             self._report(request, "Released", result, not_applicable="not Suppressed or held for a digest")
+
+    def flood_report_view(self, request: HttpRequest) -> HttpResponse:
+        return flood_report_page(self, request)
 
     def release_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
         return self._single_action(

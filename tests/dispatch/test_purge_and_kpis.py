@@ -245,6 +245,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
         "oldest_pending_age_seconds": 1800.0,
         "failures_last_interval": {**NO_FAILURES, "connection": 2},
         "deliveries_queued": 0,  # their list has no members
+        "suppressed_last_interval": 0,
+        "held_for_digest": 0,
         "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 4, "low": 0},
     }
     assert kpis["per_site"] == {
@@ -256,6 +258,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "delivered_last_interval": 1,
             "partially_delivered_last_interval": 0,
             "deliveries_queued": 0,
+            "suppressed_last_interval": 0,
+            "held_for_digest": 0,
             "oldest_pending_age_seconds": 1800.0,
         },
         "plant-b": {
@@ -266,6 +270,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "delivered_last_interval": 1,
             "partially_delivered_last_interval": 1,
             "deliveries_queued": 0,
+            "suppressed_last_interval": 0,
+            "held_for_digest": 0,
             "oldest_pending_age_seconds": 660.0,
         },
     }
@@ -315,6 +321,8 @@ def test_kpis_of_an_empty_table_have_no_oldest_age(db):
         "oldest_pending_age_seconds": None,
         "failures_last_interval": NO_FAILURES,
         "deliveries_queued": 0,
+        "suppressed_last_interval": 0,
+        "held_for_digest": 0,
         "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
     }
     assert kpis["per_site"] == {}
@@ -327,7 +335,7 @@ def test_kpis_take_a_few_queries_while_every_channel_is_healthy(crafted, django_
     # the delivered rows (two halves of one statement), failures by class, channel health; the
     # waiting rows by site, channel and list with the lists they name (deliveries), and the
     # waiting rows by priority.
-    expected = 11 if connection.vendor == "postgresql" else 7
+    expected = 12 if connection.vendor == "postgresql" else 8  # one for the suppression figures
     with django_assert_num_queries(expected):
         kpis_compute()
 
