@@ -481,9 +481,18 @@ def _rows_insert(rows: list[dict[str, Any]], *, site_id: str) -> dict[uuid.UUID,
 
 
 def _insert(rows: list[dict[str, Any]]) -> dict[uuid.UUID, datetime]:
-    return db.insert_ignoring_conflicts(
-        Notification, rows, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
+    """Insert ``rows``; a Suppressed row is never due (its next attempt stays null)."""
+    suppressed = [row for row in rows if row["status"] == Notification.Status.SUPPRESSED]
+    others = [row for row in rows if row["status"] != Notification.Status.SUPPRESSED]
+    inserted = db.insert_ignoring_conflicts(
+        Notification, others, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
     )
+    inserted.update(
+        db.insert_ignoring_conflicts(
+            Notification, suppressed, stamped=INGEST_TIME_COLUMNS, stamped_if_null=("site_enqueued_at",)
+        )
+    )
+    return inserted
 
 
 def _insert_deciding(*, site_id: str, list_name: str, rows: list[dict[str, Any]]) -> dict[uuid.UUID, datetime]:
@@ -562,6 +571,8 @@ def _created(row: dict[str, Any], ingest_time: datetime) -> SimpleNamespace:
     for name in INGEST_TIME_IF_MISSING:
         if values[name] is None:
             values[name] = ingest_time
+    if values["status"] == Notification.Status.SUPPRESSED:
+        values["next_attempt_at"] = None  # final at once: never due
     return SimpleNamespace(**values)
 
 

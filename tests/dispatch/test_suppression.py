@@ -123,6 +123,8 @@ def test_a_duplicate_is_answered_suppressed_with_its_reason_and_its_replay_chang
     assert created.status_code == 201
     assert created.json()["status"] == "Suppressed"
     assert created.json()["suppressed_by"] == f"duplicate:{first['notification_id']}"
+    assert created.json()["next_attempt_at"] is None  # final at once: never due
+    assert row(created.json()).next_attempt_at is None
 
     replay = post(api, payload)
     assert replay.status_code == 200
