@@ -501,11 +501,15 @@ def _insert_deciding(*, site_id: str, list_name: str, rows: list[dict[str, Any]]
     nothing), then recording what the decisions counted."""
     inserted: dict[uuid.UUID, datetime] = {}
     with transaction.atomic():
-        suppression_lock(site_id=site_id, list_name=list_name)
-        existing = set(
-            Notification.objects.filter(pk__in=[row["notification_id"] for row in rows]).values_list("pk", flat=True)
-        )
-        decisions = list_decisions(site_id=site_id, list_name=list_name, now=db.database_now())
+        now = suppression_lock(site_id=site_id, list_name=list_name)
+        existing: set[Any] = set()
+        if len(rows) > 1:
+            # A replay must not count, nor stand as the anchor of the rows after it. A single
+            # row (one API request) needs no look: a replay's insert does nothing, and its
+            # counts are taken back below.
+            ids = [row["notification_id"] for row in rows]
+            existing = set(Notification.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        decisions = list_decisions(site_id=site_id, list_name=list_name, now=now)
         for row in rows:
             if row["notification_id"] not in existing:
                 decisions.decide(row)

@@ -36,6 +36,7 @@ from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.db.models import Count, F, Min, Q
 from django.db.models.expressions import RawSQL
+from django.utils import timezone
 
 from notifications.db import database_now
 from notifications.models import FloodWindow, MaintenanceWindow, Notification, NotificationList, Silence
@@ -186,8 +187,10 @@ def rows_suppression_columns(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def rows_silence(rows: Sequence[dict[str, Any]], *, now: datetime | None = None) -> None:
-    """Mark the rows an active silence or maintenance window covers as Suppressed."""
-    now = now or database_now()
+    """Mark the rows an active silence or maintenance window covers as Suppressed. A silence's
+    edges are judged on this process's clock (default ``now``): it has minute-sized edges set
+    by people, and asking the database for the time would cost every ingest a round trip."""
+    now = now or timezone.now()
     rules = _rules_now(now)
     if not rules.silences and not rules.windows:
         return
@@ -200,7 +203,7 @@ def rows_silence(rows: Sequence[dict[str, Any]], *, now: datetime | None = None)
 def rows_need_lock(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The lists (as given) whose rows need decisions depending on earlier rows: a dedup window
     and a row with a dedup_key, or a flood threshold; only rows not already suppressed count."""
-    rules = _rules_now(database_now())
+    rules = _rules_now(timezone.now())
     wanted = []
     for row in rows:
         if row["status"] == Status.SUPPRESSED:
@@ -213,15 +216,20 @@ def rows_need_lock(rows: Sequence[dict[str, Any]]) -> list[str]:
     return sorted(set(wanted), key=str.casefold)
 
 
-def suppression_lock(*, site_id: str, list_name: str) -> None:
+def suppression_lock(*, site_id: str, list_name: str) -> datetime:
     """Hold, until the transaction ends, the lock of one site's list: duplicate and flood
     decisions, and digest flushing, for it run one at a time. SQLite's IMMEDIATE transactions
-    already run one at a time."""
+    already run one at a time. Returns the database's time once the lock is held (in the same
+    round trip: ingest pays for every one)."""
     if connection.vendor != "postgresql":
-        return
+        return database_now()
     key = zlib.crc32(f"outbox-suppression\x00{site_id}\x00{list_name.casefold()}".encode())
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x0B0C, key - (1 << 31)])
+        cursor.execute(
+            "SELECT statement_timestamp() FROM (SELECT pg_advisory_xact_lock(%s, %s)) AS locked",
+            [0x0B0C, key - (1 << 31)],
+        )
+        return cursor.fetchone()[0]
 
 
 @dataclass
@@ -260,6 +268,8 @@ class _ListDecisions:
         self.now = now
         self.anchors: dict[str, _Anchor | None] = {}
         self.windows: dict[str, FloodWindow] = {}
+        # Per row decided: the anchor it was counted to and the window it was counted in.
+        self.counted: dict[Any, tuple[_Anchor | None, FloodWindow | None]] = {}
 
     def decide(self, row: dict[str, Any]) -> None:
         if row["status"] == Status.SUPPRESSED:
@@ -279,6 +289,7 @@ class _ListDecisions:
         if anchor is not None and inside and row["priority"] <= anchor.priority:
             _suppress(row, f"duplicate:{anchor.notification_id}")
             anchor.duplicates += 1
+            self.counted[row["notification_id"]] = (anchor, None)
             return True
         # Delivered on its own: the anchor of the ones that follow.
         self.anchors[key] = _Anchor(row["notification_id"], self.now, row["priority"], open=True)
@@ -295,6 +306,7 @@ class _ListDecisions:
             window.ends_at = self.now + timedelta(seconds=self.rules.flood_window_seconds)
             window.count = 0
         window.count += 1
+        self.counted[row["notification_id"]] = (None, window)
         if window.count > self.rules.flood_threshold and row["priority"] != Priority.CRITICAL:
             row["held_for_digest"] = window.ends_at
             # Due when its digest is: it sorts after the rows due now in the claim index.
@@ -302,7 +314,15 @@ class _ListDecisions:
 
     def save(self, inserted: Iterable[Any]) -> None:
         """Record the decisions of the rows actually inserted: the anchors' occurrences and the
-        flood windows' counts."""
+        flood windows' counts (a row not inserted, a replay, is taken back out of them)."""
+        inserted = set(inserted)
+        for row_id, (anchor, window) in self.counted.items():
+            if row_id in inserted:
+                continue
+            if anchor is not None:
+                anchor.duplicates -= 1
+            if window is not None:
+                window.count -= 1
         for window in self.windows.values():
             window.save()
         for anchor in self.anchors.values():
