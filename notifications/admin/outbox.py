@@ -430,7 +430,9 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
     def stuck_badge(self, obj: Notification) -> str:
         # Computed from the row itself: no query per row. Counts from the last enqueue or
         # operator Retry/Requeue, not from creation.
-        if obj.status in Notification.NON_TERMINAL and queued_since(obj) < stuck_before():
+        # A row held for a flood digest waits for its window's end on purpose.
+        held = getattr(obj, "held_for_digest", None) is not None
+        if obj.status in Notification.NON_TERMINAL and not held and queued_since(obj) < stuck_before():
             return format_html(
                 ' <span class="outbox-badge outbox-stuck" title="{}">stuck</span>',
                 "Queued longer than the stuck-age threshold (counted from the last enqueue or retry)",

@@ -81,6 +81,15 @@ def test_purge_deletes_only_terminal_rows_older_than_the_retention_window(aged):
     assert DeliveryAttempt.objects.count() == 4  # the purged rows' attempts went with them
 
 
+def test_purge_deletes_old_suppressed_rows_like_the_other_final_states(db, settings):
+    settings.OUTBOX_RETENTION_DAYS = 30
+    old = make(Status.SUPPRESSED, age=timedelta(days=31))
+    young = make(Status.SUPPRESSED, age=timedelta(days=29))
+    assert notifications_purge(now=NOW).deleted == 1
+    assert set(Notification.objects.values_list("pk", flat=True)) == {young.pk}
+    assert not Notification.objects.filter(pk=old.pk).exists()
+
+
 def test_purge_takes_every_row_that_refers_to_a_purged_notification(aged):
     # The purge deletes on PostgreSQL with its own SQL (notifications.db.expired_batch_delete),
     # not the ORM's cascade: it must know every table that refers to a notification.
