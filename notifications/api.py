@@ -41,6 +41,7 @@ from notifications.ingest import (
 from notifications.kpis import kpis_compute
 from notifications.models import PRIORITY_NAMES, Notification
 from notifications.operations import notification_act
+from notifications.suppression import flood_report
 from notifications.vocabulary import TYPE_CHOICES, TargetOutcome
 from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffKeyAuthentication
 from sites.models import Site
@@ -168,6 +169,21 @@ class StatusRecordSerializer(serializers.Serializer):
     delivered_at = serializers.DateTimeField(allow_null=True)
     delivered_locally_at = serializers.DateTimeField(
         allow_null=True, help_text="When the site delivered it through its own local relay (the site's clock)."
+    )
+    suppressed_by = serializers.CharField(
+        allow_blank=True,
+        help_text="Why it was never sent: duplicate:<notification id>, silence:<silence id> (silence:mw<id>: a "
+        "maintenance window) or digest:<digest's notification id>; blank when it was not suppressed. Kept when an "
+        "operator delivers it anyway.",
+    )
+    dedup_key = serializers.CharField(allow_blank=True, help_text="The key duplicates are recognised by.")
+    occurrences = serializers.IntegerField(
+        help_text="How many times its alarm was raised while it stood for its duplicates, itself included (1: no "
+        "duplicate)."
+    )
+    last_occurrence_at = serializers.DateTimeField(allow_null=True, help_text="When its last duplicate came.")
+    held_for_digest = serializers.DateTimeField(
+        allow_null=True, help_text="Held by a flood: when its digest is made (it is then Suppressed)."
     )
     delivery_summary = serializers.CharField(
         allow_blank=True,
@@ -488,14 +504,19 @@ class KpiView(APIView):
 
     @extend_schema(
         responses={
-            200: OpenApiResponse(OpenApiTypes.OBJECT, description="KPIs: global, per_site, computed_at"),
+            200: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="KPIs: global, per_site, channels, computed_at, flood (the flood report)",
+            ),
             401: OpenApiResponse(ErrorSerializer, description="Not authenticated"),
             403: OpenApiResponse(ErrorSerializer, description="Not staff"),
             503: ERROR_RESPONSES[503],
         }
     )
     def get(self, request: Request) -> Response:
-        return Response(site_kpis_add(kpis_compute()))
+        # The flood report reads a day and a week of rows: here, not in the cached KPIs the
+        # metrics endpoint reads.
+        return Response({**site_kpis_add(kpis_compute()), "flood": flood_report()})
 
 
 # --- operator actions (staff only) -------------------------------------------------------------
@@ -504,18 +525,21 @@ ACTION_PERMISSIONS = {
     "retry": "notifications.retry_notification",
     "discard": "notifications.discard_notification",
     "requeue": "notifications.requeue_notification",
+    # Deliver anyway: permissioned like Retry (it sends what would not have been sent).
+    "release": "notifications.retry_notification",
 }
-ACTION_FIELDS = {"retry": set(), "discard": {"reason"}, "requeue": set()}
+ACTION_FIELDS = {"retry": set(), "discard": {"reason"}, "requeue": set(), "release": set()}
 ACTION_APPLIES = {
     "retry": "Parked (Retry) or Retrying (Retry now)",
     "discard": "Pending, Retrying or Parked",
     "requeue": "Discarded",
+    "release": "Suppressed, or Pending and held for a flood digest",
 }
 
 ActionResultSerializer = inline_serializer(
     "ActionResult",
     {
-        "action": serializers.CharField(help_text="retry, retry_now, discard or requeue"),
+        "action": serializers.CharField(help_text="retry, retry_now, discard, requeue or release"),
         "notification": StatusRecordSerializer(),
     },
 )
@@ -727,4 +751,13 @@ class NotificationClearView(NotificationAckView):
     @_ack_schema("clear")
     def post(self, request: Request, notification_id: Any) -> Response:
         """Clear a notification: the alarm returned to normal at the site (site key)."""
+        return super().post(request, notification_id)
+
+
+class NotificationReleaseView(NotificationActionView):
+    action = "release"
+
+    @_action_schema("release")
+    def post(self, request: Request, notification_id: Any) -> Response:
+        """Deliver a Suppressed notification anyway (or one held for a flood digest): it goes out on its own."""
         return super().post(request, notification_id)

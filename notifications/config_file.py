@@ -72,6 +72,9 @@ SMTP_SECRETS = ("password", "oauth_client_secret")
 # OAuth client certificate's path (not a secret, so exported; absent keeps the stored one).
 SMTP_CREDENTIALS = (*SMTP_SECRETS, "oauth_client_certificate")
 SMTP_REQUIRED = ("host", "from_address")
+# A list's suppression settings (docs/suppression.md): whole seconds or counts; the flood window
+# at least 1 second.
+LIST_SUPPRESSION_FIELDS = {"dedup_window_seconds": 0, "flood_threshold": 0, "flood_window_seconds": 1}
 LIST_FIELDS = {
     "name",
     "description",
@@ -82,6 +85,7 @@ LIST_FIELDS = {
     "repeat_last_every_seconds",
     "email",
     *TARGET_KEYS,
+    *LIST_SUPPRESSION_FIELDS,
 }
 # The channel each key of a list entry holds targets for.
 CHANNEL_OF_KEY = {"email": "email", "teams": "teams", "webhooks": "webhook", "sms": "sms", "apprise": "apprise"}
@@ -213,6 +217,7 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
         for field in sorted(set(entry) - LIST_FIELDS):
             problems.append(f"{where}.{field}: unknown field.")
         problems.extend(_list_settings_problems(entry, where))
+        _validate_list_suppression(entry, where, problems)
         validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
@@ -417,6 +422,15 @@ def _smtp_import(smtp: dict[str, Any]) -> str:
     return written
 
 
+def _validate_list_suppression(entry: dict[str, Any], where: str, problems: list[str]) -> None:
+    for name, least in LIST_SUPPRESSION_FIELDS.items():
+        if name not in entry:
+            continue
+        value = entry[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 2**31 - 1:
+            problems.append(f"{where}.{name}: must be a whole number of at least {least}.")
+
+
 def _list_import(entry: dict[str, Any], notification_list: NotificationList | None) -> bool:
     """Write one list entry (validated) over ``notification_list`` (None: a new list); its
     recipients become the entry's. True when the list was created."""
@@ -430,7 +444,7 @@ def _list_import(entry: dict[str, Any], notification_list: NotificationList | No
     notification_list.resend_after_local_delivery = entry.get(
         "resend_after_local_delivery", notification_list.resend_after_local_delivery
     )
-    for field in ("ack_required_from", "escalation", "repeat_last_every_seconds"):
+    for field in ("ack_required_from", "escalation", "repeat_last_every_seconds", *LIST_SUPPRESSION_FIELDS):
         setattr(notification_list, field, entry.get(field, getattr(notification_list, field)))
     notification_list.save()
     notification_list.email_recipients.all().delete()
@@ -481,6 +495,7 @@ def configuration_export() -> dict[str, Any]:
                 "ack_required_from": notification_list.ack_required_from,
                 "escalation": notification_list.escalation,
                 "repeat_last_every_seconds": notification_list.repeat_last_every_seconds,
+                **{field: getattr(notification_list, field) for field in LIST_SUPPRESSION_FIELDS},
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
                 **list_targets_export(notification_list),
             }

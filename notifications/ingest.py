@@ -43,6 +43,13 @@ from notifications.list_names import (
 from notifications.local_delivery import notifications_delivered_locally_record
 from notifications.models import PRIORITY_NAMES, Notification, NotificationList
 from notifications.providers import notification_targets
+from notifications.suppression import (
+    list_decisions,
+    rows_need_lock,
+    rows_silence,
+    rows_suppression_columns,
+    suppression_lock,
+)
 from notifications.trigger import dispatch_request
 from notifications.vocabulary import ADAPTER_PATHS, targets_summary
 
@@ -101,6 +108,8 @@ TEXT_RULES = (
     TextRule("body", required=True, single_line=False),
     TextRule("source_instance_id", required=False),
     TextRule("source_script", required=False),
+    # "The same alarm again" (docs/suppression.md); blank: none.
+    TextRule("dedup_key", required=False),
     # Optional; when given it must be the key's site (see notification_validate).
     TextRule("source_site_id", required=False, default=None),
 )
@@ -127,6 +136,7 @@ class NotificationInput:
     site_enqueued_at: datetime | None  # None: the site did not say; central uses the ingest time
     source_site_id: str
     priority: int = Notification.Priority.NORMAL
+    dedup_key: str = ""
     # When the site delivered it itself (its agent's local fallback). Not part of the
     # fingerprint: a replay may add it (notifications.local_delivery).
     delivered_locally_at: datetime | None = None
@@ -151,6 +161,9 @@ class NotificationInput:
             # Only a priority other than the default is part of it, so that rows stored before
             # priorities existed keep their fingerprints and their replays stay replays.
             parts += (f"priority={Notification.Priority(self.priority).label}",)
+        if self.dedup_key:
+            # Likewise only when given: a replay carries the same key, so it stays a replay.
+            parts += (f"dedup_key={self.dedup_key}",)
         object.__setattr__(self, "fingerprint", hashlib.sha256("\x00".join(parts).encode()).hexdigest())
 
 
@@ -160,8 +173,9 @@ ACCEPTED_FIELDS = frozenset(f.name for f in dataclasses.fields(NotificationInput
 SUBMITTED_COLUMNS = tuple(f.name for f in dataclasses.fields(NotificationInput))
 # Ingest time, on the database clock: when the row was created and first due; also the site's
 # enqueue time when the site did not say.
-INGEST_TIME_COLUMNS = ("created_at", "next_attempt_at")
-INGEST_TIME_IF_MISSING = ("site_enqueued_at",)
+# (A row held for a flood digest is first due when its digest is: notifications.suppression.)
+INGEST_TIME_COLUMNS = ("created_at",)
+INGEST_TIME_IF_MISSING = ("site_enqueued_at", "next_attempt_at")
 _DEFAULTED_FIELDS = tuple(
     f for f in Notification._meta.concrete_fields if f.attname not in {*SUBMITTED_COLUMNS, *INGEST_TIME_COLUMNS}
 )
@@ -396,6 +410,7 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
             type_data=type_data,
             source_instance_id=cast(str, texts["source_instance_id"]),
             source_script=cast(str, texts["source_script"]),
+            dedup_key=cast(str, texts["dedup_key"]),
             site_enqueued_at=site_enqueued_at,
             source_site_id=site_id,
             priority=priority,
@@ -430,7 +445,7 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
         for item in first_by_id.values()
         if (after := escalation_first_after(priority=item.priority, notification_list=lists.get(item.list_name)))
     }
-    inserted = _insert(rows, escalating=escalating)
+    inserted = _rows_insert(rows, site_id=site_id, escalating=escalating)
 
     if inserted:
         transaction.on_commit(dispatch_request)  # coalesced; costs this request no query
@@ -470,22 +485,70 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
     return outcomes
 
 
-def _insert(rows: list[dict[str, Any]], *, escalating: dict[uuid.UUID, int]) -> dict[uuid.UUID, datetime]:
-    """Insert ``rows`` in chunks; ``{id: ingest time}`` of those inserted. A row in
-    ``escalating`` (seconds to its first escalation step) is committed with its first due time,
-    never without it."""
+def _rows_insert(
+    rows: list[dict[str, Any]], *, site_id: str, escalating: dict[uuid.UUID, int]
+) -> dict[uuid.UUID, datetime]:
+    """Insert the new rows, suppressed where a silence, a duplicate or a flood says so
+    (notifications.suppression); ``{id: ingest time}`` of the rows inserted. A row in
+    ``escalating`` (seconds to its first escalation step) that is sent now is committed with its
+    first due time, never without it (notifications.escalation)."""
+    rows_suppression_columns(rows)
+    rows_silence(rows)
+    locked_lists = {name.casefold(): name for name in rows_need_lock(rows)}
+    plain = [row for row in rows if row["list_name"].casefold() not in locked_lists]
     inserted: dict[uuid.UUID, datetime] = {}
-    for start in range(0, len(rows), INSERT_CHUNK):
-        chunk = rows[start : start + INSERT_CHUNK]
-        starting = escalating.keys() & {row["notification_id"] for row in chunk}
-        with transaction.atomic() if starting else contextlib.nullcontext():
-            stamps = db.insert_ignoring_conflicts(
-                Notification, chunk, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
-            )
-            notifications_escalation_start(
-                created={nid: (stamps[nid], escalating[nid]) for nid in starting if nid in stamps}
-            )
-        inserted.update(stamps)
+    for start in range(0, len(plain), INSERT_CHUNK):
+        inserted.update(_insert(plain[start : start + INSERT_CHUNK], escalating=escalating))
+    for folded, list_name in locked_lists.items():
+        group = [row for row in rows if row["list_name"].casefold() == folded]
+        inserted.update(_insert_deciding(site_id=site_id, list_name=list_name, rows=group, escalating=escalating))
+    return inserted
+
+
+def _insert(rows: list[dict[str, Any]], *, escalating: dict[uuid.UUID, int]) -> dict[uuid.UUID, datetime]:
+    """Insert ``rows``; a Suppressed row is never due (its next attempt stays null) and never
+    escalates, nor does a row held for a flood digest (it starts when released)."""
+    suppressed = [row for row in rows if row["status"] == Notification.Status.SUPPRESSED]
+    others = [row for row in rows if row["status"] != Notification.Status.SUPPRESSED]
+    starting = escalating.keys() & {row["notification_id"] for row in others if row.get("held_for_digest") is None}
+    with transaction.atomic() if starting else contextlib.nullcontext():
+        inserted = db.insert_ignoring_conflicts(
+            Notification, others, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
+        )
+        notifications_escalation_start(
+            created={nid: (inserted[nid], escalating[nid]) for nid in starting if nid in inserted}
+        )
+    inserted.update(
+        db.insert_ignoring_conflicts(
+            Notification, suppressed, stamped=INGEST_TIME_COLUMNS, stamped_if_null=("site_enqueued_at",)
+        )
+    )
+    return inserted
+
+
+def _insert_deciding(
+    *, site_id: str, list_name: str, rows: list[dict[str, Any]], escalating: dict[uuid.UUID, int]
+) -> dict[uuid.UUID, datetime]:
+    """Insert the rows of one list whose fate depends on earlier rows (duplicates, floods): in
+    one transaction under the list's lock, deciding for the rows that are new (a replay changes
+    nothing), then recording what the decisions counted."""
+    inserted: dict[uuid.UUID, datetime] = {}
+    with transaction.atomic():
+        now = suppression_lock(site_id=site_id, list_name=list_name)
+        existing: set[Any] = set()
+        if len(rows) > 1:
+            # A replay must not count, nor stand as the anchor of the rows after it. A single
+            # row (one API request) needs no look: a replay's insert does nothing, and its
+            # counts are taken back below.
+            ids = [row["notification_id"] for row in rows]
+            existing = set(Notification.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        decisions = list_decisions(site_id=site_id, list_name=list_name, now=now)
+        for row in rows:
+            if row["notification_id"] not in existing:
+                decisions.decide(row)
+        for start in range(0, len(rows), INSERT_CHUNK):
+            inserted.update(_insert(rows[start : start + INSERT_CHUNK], escalating=escalating))
+        decisions.save(inserted)
     return inserted
 
 
@@ -549,6 +612,8 @@ def _created(row: dict[str, Any], ingest_time: datetime) -> SimpleNamespace:
     for name in INGEST_TIME_IF_MISSING:
         if values[name] is None:
             values[name] = ingest_time
+    if values["status"] == Notification.Status.SUPPRESSED:
+        values["next_attempt_at"] = None  # final at once: never due
     return SimpleNamespace(**values)
 
 
@@ -574,12 +639,26 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         "next_attempt_at": _iso(notification.next_attempt_at),
         "delivered_at": _iso(notification.delivered_at),
         "delivered_locally_at": _iso(getattr(notification, "delivered_locally_at", None)),
+        **suppression_record(notification),
         **_targets_record(getattr(notification, "resolved_targets", None)),
         "targets": notification_targets(notification, staff=staff),
         **acknowledgement_record(notification, staff=staff),
         "escalations": [
             {**child, "created_at": _iso(child["created_at"])} for child in notification_escalations(notification)
         ],
+    }
+
+
+def suppression_record(notification: Any) -> dict[str, Any]:
+    """``suppressed_by`` (blank unless it was suppressed), ``dedup_key``, ``occurrences`` (the
+    times its alarm was raised while it stood for its duplicates, itself included),
+    ``last_occurrence_at`` and ``held_for_digest`` (when a flood digest takes it, else null)."""
+    return {
+        "suppressed_by": getattr(notification, "suppressed_by", ""),
+        "dedup_key": getattr(notification, "dedup_key", ""),
+        "occurrences": getattr(notification, "occurrences", 1),
+        "last_occurrence_at": _iso(getattr(notification, "last_occurrence_at", None)),
+        "held_for_digest": _iso(getattr(notification, "held_for_digest", None)),
     }
 
 

@@ -26,6 +26,7 @@ from notifications.backlog import deliveries_queued_by_site, queue_depth_by_prio
 from notifications.counts import counts_fold, counts_kept, failures_since, oldest_queued, open_counts, stuck_counts
 from notifications.health import channels_unhealthy
 from notifications.models import DeliveryAttempt, Notification
+from notifications.suppression import suppression_counts_by_site
 from notifications.vocabulary import FailureClass
 
 Status = Notification.Status
@@ -37,6 +38,8 @@ COUNTS = (
     "delivered_last_interval",
     "partially_delivered_last_interval",
     "deliveries_queued",
+    "suppressed_last_interval",
+    "held_for_digest",
 )
 OPEN_COUNTS = ("queue_depth", "stuck", "parked", "expired")
 
@@ -49,7 +52,9 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     parked, expired (the parked ones that were parked for their age), delivered_last_interval
     (within OUTBOX_KPI_INTERVAL), partially_delivered_last_interval (of those, the ones some
     targets refused for good), deliveries_queued (the waiting notifications times the targets
-    of their lists: notifications.backlog) and oldest_pending_age_seconds (the oldest
+    of their lists: notifications.backlog), suppressed_last_interval (created within the
+    interval and Suppressed: duplicates, silenced, folded into digests), held_for_digest (Pending
+    rows a flood holds for its digest; part of queue_depth) and oldest_pending_age_seconds (the oldest
     non-terminal notification's age; None when none). The global set also holds
     failures_last_interval: failed attempts within the interval, per failure class (every
     class, 0 included), and queue_depth_by_priority (every priority, 0 included). ``channels``: the open or half-open channel endpoints
@@ -65,6 +70,8 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
         figures = counts.setdefault(row["source_site_id"], dict.fromkeys(COUNTS, 0))
         figures["delivered_last_interval"] += row["delivered"]
         figures["partially_delivered_last_interval"] += row["partial"]
+    for site_id, figures_of_site in suppression_counts_by_site(since=since).items():
+        counts.setdefault(site_id, dict.fromkeys(COUNTS, 0)).update(figures_of_site)
     for site_id, deliveries in deliveries_queued_by_site().items():
         counts.setdefault(site_id, dict.fromkeys(COUNTS, 0))["deliveries_queued"] = deliveries
     per_site = {

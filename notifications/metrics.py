@@ -14,7 +14,7 @@ Two kinds of figures, with their names fixed (dashboards and alert rules use the
   share the directory; a directory of its own per host (a tmpfs such as /run, emptied at
   boot).
 * **Read from the database at scrape time** (:class:`KpiCollector`): ``outbox_queue_depth
-  {site}``, ``outbox_queue_depth_by_priority{priority}``, ``outbox_unacknowledged{priority}``, ``outbox_parked{site}``, ``outbox_stuck``, ``outbox_oldest_pending_seconds``,
+  {site}``, ``outbox_queue_depth_by_priority{priority}``, ``outbox_unacknowledged{priority}``, ``outbox_parked{site}``, ``outbox_suppressed_last_interval{site}``, ``outbox_held_for_digest{site}``, ``outbox_stuck``, ``outbox_oldest_pending_seconds``,
   ``outbox_site_backlog{site}``, ``outbox_channel_open{channel}``. They come from the same
   index-only queries as the console's KPIs (notifications.kpis), cached for
   OUTBOX_METRICS_CACHE_SECONDS per process, so a scrape costs at most one KPI pass and a
@@ -142,7 +142,12 @@ def kpi_figures() -> dict[str, Any]:
     open_channels = {entry["channel"] for entry in kpis["channels"]}  # open or half open
     return {
         "per_site": {
-            site: {"queue_depth": figures["queue_depth"], "parked": figures["parked"]}
+            site: {
+                "queue_depth": figures["queue_depth"],
+                "parked": figures["parked"],
+                "suppressed_last_interval": figures["suppressed_last_interval"],
+                "held_for_digest": figures["held_for_digest"],
+            }
             for site, figures in kpis["per_site"].items()
         },
         "by_priority": kpis["global"]["queue_depth_by_priority"],
@@ -173,11 +178,26 @@ class KpiCollector(Collector):
             "Notifications parked (delivery given up until an operator acts), by site.",
             labels=["site"],
         )
+        suppressed = GaugeMetricFamily(
+            "outbox_suppressed_last_interval",
+            "Notifications suppressed (duplicates, silenced, folded into digests) among those created within "
+            "OUTBOX_KPI_INTERVAL, by site.",
+            labels=["site"],
+        )
+        held = GaugeMetricFamily(
+            "outbox_held_for_digest",
+            "Notifications a flood holds for its digest (in the queue depth), by site.",
+            labels=["site"],
+        )
         for site, site_figures in sorted(per_site.items()):
             depth.add_metric([site], site_figures["queue_depth"])
             parked.add_metric([site], site_figures["parked"])
+            suppressed.add_metric([site], site_figures.get("suppressed_last_interval", 0))
+            held.add_metric([site], site_figures.get("held_for_digest", 0))
         yield depth
         yield parked
+        yield suppressed
+        yield held
         # Beside the per-site depth, never instead of it: alerts that sum outbox_queue_depth
         # over its site label keep summing exactly the rows they always did.
         by_priority = GaugeMetricFamily(

@@ -375,6 +375,8 @@ OUTBOX_FAIR_CLAIM = _read("OUTBOX_FAIR_CLAIM", "bool", True)
 # A site whose agent has heart-beated and then sent no heartbeat for this many seconds is shown
 # "silent" (console, KPIs); a site that only posts directly is never silent.
 OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
+# The longest a silence may last (docs/suppression.md), in days.
+OUTBOX_SILENCE_MAX_DAYS = _positive("OUTBOX_SILENCE_MAX_DAYS", 7, "int")
 # Failed authentications (API keys, staff tokens) allowed per client address and per credential
 # in a burst, refilled at this many per minute, per web process; then 429 before any check.
 # OUTBOX_AUTH_FAILURE_RATE=0 disables the limit. See sites/throttling.py.

@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from notifications import ack_page, api, metrics, providers, views
+from notifications import ack_page, api, metrics, providers, silences_api, views
 
 urlpatterns = [
     path("api/v1/notifications/", api.NotificationCollectionView.as_view(), name="notification-list"),
@@ -40,6 +40,11 @@ urlpatterns = [
         name="notification-clear",
     ),
     path(
+        "api/v1/notifications/<uuid:notification_id>/release/",
+        api.NotificationReleaseView.as_view(),
+        name="notification-release",
+    ),
+    path(
         "api/v1/providers/twilio/status/",
         providers.TwilioStatusCallbackView.as_view(),
         name="provider-twilio-status",
@@ -50,6 +55,8 @@ urlpatterns = [
         name="provider-twilio-inbound",
     ),
     path("api/v1/kpis/", api.KpiView.as_view(), name="kpis"),
+    path("api/v1/silences/", silences_api.SilenceCollectionView.as_view(), name="silence-list"),
+    path("api/v1/silences/<int:silence_id>/", silences_api.SilenceDetailView.as_view(), name="silence-detail"),
     path("api/v1/sites/", include("sites.urls")),
     path(
         "api/v1/schema/",

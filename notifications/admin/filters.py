@@ -100,6 +100,32 @@ class StatusFilter(admin.SimpleListFilter):
         return queryset
 
 
+class SuppressionFilter(admin.SimpleListFilter):
+    """Why rows were held back (docs/suppression.md). Besides the listed choices it takes an
+    exact reason, e.g. ``silence:4`` (what one silence suppressed) or ``digest:<id>``."""
+
+    title = "suppression"
+    parameter_name = "suppressed_by"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("duplicate", "Duplicates"),
+            ("silence", "Silenced (silences, maintenance windows)"),
+            ("digest", "Folded into a flood digest"),
+            ("held", "Held for a flood digest now"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        if value == "held":
+            return queryset.filter(held_for_digest__isnull=False, status=Status.PENDING)
+        if value in ("duplicate", "silence", "digest"):
+            return queryset.filter(suppressed_by__startswith=f"{value}:")
+        return queryset.filter(suppressed_by=value)
+
+
 class StuckFilter(admin.SimpleListFilter):
     title = "stuck"
     parameter_name = "stuck"

@@ -32,6 +32,9 @@ from notifications.list_tools import (
 from notifications.models import EmailRecipient, NotificationList
 from notifications.vocabulary import ADAPTER_PATHS
 
+# A list's suppression settings (docs/suppression.md).
+SUPPRESSION_FIELDS = ("dedup_window_seconds", "flood_threshold", "flood_window_seconds")
+
 
 class NotificationListForm(forms.ModelForm):
     add_addresses = forms.CharField(
@@ -52,6 +55,7 @@ class NotificationListForm(forms.ModelForm):
             "ack_required_from",
             "escalation",
             "repeat_last_every_seconds",
+            *SUPPRESSION_FIELDS,
         )
         widgets = {
             "recipient_mode": forms.RadioSelect,
@@ -72,8 +76,9 @@ class NotificationListForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # A form posted without them (a script, an older page) keeps the list's values.
-        for name in ("ack_required_from", "repeat_last_every_seconds"):
+        # A form posted without them (a script, an older page) keeps the list's values; the
+        # suppression settings left out (or blank) keep theirs too.
+        for name in ("ack_required_from", "repeat_last_every_seconds", *SUPPRESSION_FIELDS):
             if name in self.fields:
                 self.fields[name].required = False
 
@@ -105,6 +110,22 @@ class NotificationListForm(forms.ModelForm):
             field = "repeat_last_every_seconds" if problem.startswith("repeat_last_every_seconds") else "escalation"
             self.add_error(field, problem)
         return cleaned
+
+    def _clean_setting(self, name: str) -> int:
+        value = self.cleaned_data.get(name)
+        if value is None:
+            default = NotificationList._meta.get_field(name).default  # type: ignore[union-attr]
+            return int(getattr(self.instance, name, default) if self.instance.pk else default)
+        return int(value)
+
+    def clean_dedup_window_seconds(self) -> int:
+        return self._clean_setting("dedup_window_seconds")
+
+    def clean_flood_threshold(self) -> int:
+        return self._clean_setting("flood_threshold")
+
+    def clean_flood_window_seconds(self) -> int:
+        return self._clean_setting("flood_window_seconds")
 
     def clean_name(self) -> str:
         name = list_name_normalize(self.cleaned_data["name"])

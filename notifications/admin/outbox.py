@@ -40,12 +40,14 @@ from notifications.admin.filters import (
     SourceSiteFilter,
     StatusFilter,
     StuckFilter,
+    SuppressionFilter,
     TypeFilter,
     outbox_search,
     queued_since,
     stuck_before,
 )
 from notifications.admin.outbox_views import OutboxConsoleViews, redrive_link
+from notifications.admin.silences import flood_report_page, silence_links
 from notifications.console import parked_for_lists_now_existing, retried_at
 from notifications.console_time import console_time
 from notifications.email_preview import EmailPreview, email_preview_build, type_data_shorten
@@ -55,6 +57,7 @@ from notifications.operations import (
     DISCARDABLE,
     ActionResult,
     notification_discard,
+    notification_release,
     notification_requeue,
     notification_retry,
     notification_retry_now,
@@ -244,6 +247,7 @@ STATUS_CSS: dict[str, str] = {
     Status.DELIVERED: "delivered",
     Status.PARKED: "parked",
     Status.DISCARDED: "discarded",
+    Status.SUPPRESSED: "suppressed",
 }
 
 
@@ -263,6 +267,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
     list_display_links = ("short_id",)
     list_filter = (
         StatusFilter,
+        SuppressionFilter,
         DeliveryFilter,
         StuckFilter,
         PriorityFilter,
@@ -287,7 +292,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
     paginator = OutboxPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    actions = ["retry_selected", "retry_now_selected", "discard_selected", "requeue_selected"]
+    actions = ["retry_selected", "retry_now_selected", "discard_selected", "requeue_selected", "release_selected"]
     inlines = [DeliveryAttemptInline]
 
     fieldsets = (
@@ -328,6 +333,10 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
             },
         ),
         ("Discard", {"fields": ("discarded_at", "discarded_by", "discard_reason")}),
+        (
+            "Suppression",
+            {"fields": ("suppression_display", "dedup_key", "occurrences_display", "held_for_digest")},
+        ),
         (
             "Email as composed",
             {
@@ -401,8 +410,9 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
         badge = format_html(
             '<span class="outbox-badge outbox-status-{}">{}</span>', STATUS_CSS.get(obj.status, "other"), obj.status
         )
-        # The list shows "stuck" and "delivered locally" beside the status (one column less).
-        return format_html("{}{}{}", badge, self.stuck_badge(obj), local_delivery_badge(obj))
+        # The list shows "stuck", "delivered locally", the duplicates ("×37, last 10:42") and
+        # a digest hold beside the status (one column less).
+        return format_html("{}{}{}{}", badge, self.stuck_badge(obj), local_delivery_badge(obj), suppression_badge(obj))
 
     @admin.display(description="status")
     def status_display(self, obj: Notification) -> SafeString:
@@ -412,6 +422,17 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
             obj.status,
             local_delivery_badge(obj),
         )
+
+    @admin.display(description="suppressed")
+    def suppression_display(self, obj: Notification) -> str:
+        if not obj.suppressed_by:
+            return "—"
+        released = " (delivered anyway since)" if obj.status != Status.SUPPRESSED else ""
+        return f"{obj.suppressed_reason}{released}"
+
+    @admin.display(description="occurrences")
+    def occurrences_display(self, obj: Notification) -> str:
+        return occurrences_text(obj) or "1"
 
     @admin.display(description="priority", ordering="priority")
     def priority_badge(self, obj: Notification) -> SafeString:
@@ -424,7 +445,9 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
     def stuck_badge(self, obj: Notification) -> str:
         # Computed from the row itself: no query per row. Counts from the last enqueue or
         # operator Retry/Requeue, not from creation.
-        if obj.status in Notification.NON_TERMINAL and queued_since(obj) < stuck_before():
+        # A row held for a flood digest waits for its window's end on purpose.
+        held = getattr(obj, "held_for_digest", None) is not None
+        if obj.status in Notification.NON_TERMINAL and not held and queued_since(obj) < stuck_before():
             return format_html(
                 ' <span class="outbox-badge outbox-stuck" title="{}">stuck</span>',
                 "Queued longer than the stuck-age threshold (counted from the last enqueue or retry)",
@@ -585,6 +608,12 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
             "can_acknowledge": obj is not None
             and obj.acknowledged_at is None
             and self.has_acknowledge_permission(request, obj),
+            "silence_links": silence_links(obj)
+            if obj is not None and request.user.has_perm("notifications.add_silence")
+            else [],
+            "can_release": obj is not None
+            and (status == Status.SUPPRESSED or obj.held_for_digest is not None)
+            and self.has_retry_permission(request),
         }
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -597,6 +626,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
             "redrive": self.redrive_view,
             "export": self.export_view,
             "timezone": self.timezone_view,
+            "flood": self.flood_report_view,
         }
         views = {
             "retry": self.retry_view,
@@ -604,6 +634,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
             "discard": self.discard_view,
             "requeue": self.requeue_view,
             "acknowledge": self.acknowledge_view,
+            "release": self.release_view,
         }
         return [
             *(
@@ -678,6 +709,26 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
             at = retried_at(ids) if result.changed else None
             if at is not None:
                 self.message_user(request, redrive_link(at), messages.INFO)
+
+    @admin.action(description="Deliver selected suppressed notifications anyway", permissions=["retry"])
+    def release_selected(self, request: HttpRequest, queryset: QuerySet[Notification]) -> None:
+        ids = self._selected_ids(request, queryset)
+        if ids is not None:
+            result = notification_release(notification_ids=ids, user=request.user)
+            self._report(request, "Released", result, not_applicable="not Suppressed or held for a digest")
+
+    def flood_report_view(self, request: HttpRequest) -> HttpResponse:
+        return flood_report_page(self, request)
+
+    def release_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        return self._single_action(
+            request,
+            object_id,
+            allowed=self.has_retry_permission(request),
+            action=notification_release,
+            verb="Released",
+            not_applicable="not Suppressed or held for a digest",
+        )
 
     def _discard(
         self, request: HttpRequest, ids: list[Any], *, single: Notification | None = None
@@ -768,6 +819,29 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
         if response is not None:
             return response
         return HttpResponseRedirect(reverse("admin:notifications_notification_change", args=[obj.pk]))
+
+
+def occurrences_text(obj: Notification) -> str:
+    """ "×37, last 10:42" for a row that stood for duplicates (in the console's zone); else ""."""
+    if obj.occurrences <= 1 or obj.last_occurrence_at is None:
+        return ""
+    last = timezone.localtime(obj.last_occurrence_at)
+    return f"×{obj.occurrences}, last {last:%H:%M}"
+
+
+def suppression_badge(obj: Notification) -> str:
+    """The duplicates a row stood for, and a hold for a flood digest, as badges."""
+    parts = []
+    text = occurrences_text(obj)
+    if text:
+        parts.append(format_html(' <span class="outbox-badge outbox-occurrences">{}</span>', text))
+    if obj.status == Status.PENDING and obj.held_for_digest is not None:
+        parts.append(
+            format_html(' <span class="outbox-badge outbox-held" title="{}">held</span>', "held for a flood digest")
+        )
+    if obj.status == Status.SUPPRESSED and obj.suppressed_by:
+        parts.append(format_html(' <span class="outbox-reason">{}</span>', obj.suppressed_reason))
+    return format_html_join("", "{}", ((part,) for part in parts))
 
 
 def clipped(text: str, fits: int, *, limit: int = 1000) -> str:

@@ -52,6 +52,7 @@ from notifications.health import (
 )
 from notifications.models import ChannelHealth, Notification
 from notifications.policies import delivery_expired_message
+from notifications.suppression import digests_next_due
 
 __all__ = [
     "CLAIM_FIELDS",
@@ -168,6 +169,7 @@ def notifications_expire(*, channels: dict[str, Channel], now: datetime | None =
             Q(status__in=Notification.NON_TERMINAL)
             & Q(type=channel.name)
             & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+            & Q(held_for_digest__isnull=True)  # its digest carries it (notifications.suppression)
             & ((Q(requeued_at__isnull=True) & Q(created_at__lt=cutoff)) | Q(requeued_at__lt=cutoff))
         ).update(
             status=Notification.Status.PARKED,
@@ -220,4 +222,9 @@ def deliveries_wake_at(*, channels: dict[str, Channel] | None = None, now: datet
             health_row = health.get((channel.name, channel.endpoint))
             when = max(when, channel_gate_wait(channel=channel, health=health_row, now=now))
         wake = when if wake is None else min(wake, when)
+    # A flood digest is due at its window's end (notifications.suppression.digests_flush runs
+    # at the start of every pass).
+    digest_due = digests_next_due()
+    if digest_due is not None:
+        wake = digest_due if wake is None else min(wake, digest_due)
     return wake

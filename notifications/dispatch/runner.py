@@ -48,6 +48,7 @@ from notifications.health import Channel, dispatch_channels
 from notifications.local_delivery import notifications_settle_delivered_locally
 from notifications.models import Notification
 from notifications.policies import delivery_policy_default
+from notifications.suppression import digests_flush
 from notifications.vocabulary import CHANNEL_FAILURES, HEALTHY_FAILURES, FailureClass
 
 # The dispatcher logs under one name, whichever of its modules writes.
@@ -547,6 +548,9 @@ def dispatch_pass(
         progress=progress,
         backlog=backlog,
     )
+    # Flood digests whose window has ended: made before the claim, so that they go out in this
+    # pass (notifications.suppression).
+    digests_flush()
     report.expired = notifications_expire(channels=run.channels)
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver")
     try:

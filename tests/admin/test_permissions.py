@@ -40,6 +40,12 @@ def test_migration_creates_operators_who_view_and_act_on_notifications_and_view_
         "notifications.view_emailrecipient",
         # The worker processes and what each last did (the worker heartbeat), read-only.
         "notifications.view_workerprocess",
+        # Silences (set, change, end) and the maintenance windows, read-only (suppression).
+        "notifications.view_silence",
+        "notifications.add_silence",
+        "notifications.change_silence",
+        "notifications.delete_silence",
+        "notifications.view_maintenancewindow",
         # The sites' watchdogs and the notifications they raised, read-only (Administrators retire them).
         "sites.view_watchdog",
         "sites.view_watchdogalert",
