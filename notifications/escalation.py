@@ -40,7 +40,7 @@ from notifications.models import Notification, NotificationList
 
 # A row in one of these statuses never escalates: its due time is dropped when it falls due.
 # (Discarding also drops it at once: notifications.operations.)
-ESCALATION_STOPPING_STATUSES: tuple[str, ...] = (Notification.Status.DISCARDED,)
+ESCALATION_STOPPING_STATUSES: tuple[str, ...] = (Notification.Status.DISCARDED, Notification.Status.SUPPRESSED)
 # Parents escalated per transaction: a batch holds its parents locked for about one insert and
 # one update of this many rows.
 ESCALATION_BATCH = 200

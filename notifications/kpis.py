@@ -26,7 +26,6 @@ from notifications.backlog import deliveries_queued_by_site, queue_depth_by_prio
 from notifications.counts import counts_fold, counts_kept, failures_since, oldest_queued, open_counts, stuck_counts
 from notifications.health import channels_unhealthy
 from notifications.models import DeliveryAttempt, Notification
-from notifications.suppression import suppression_counts_by_site
 from notifications.vocabulary import FailureClass
 
 Status = Notification.Status
@@ -195,3 +194,27 @@ def _earliest(first: datetime | None, second: datetime | None) -> datetime | Non
 
 def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else round(max(0.0, (now - then).total_seconds()), 3)
+
+
+def suppression_counts_by_site(*, since: datetime) -> dict[str, dict[str, int]]:
+    """Per site: ``suppressed_last_interval`` (Suppressed rows created since ``since``: the
+    status-and-creation index) and ``held_for_digest`` (Pending rows held now: a partial index
+    of a handful of rows). One statement."""
+    suppressed = Q(status=Notification.Status.SUPPRESSED, created_at__gte=since)
+    held = Q(held_for_digest__isnull=False, status=Notification.Status.PENDING)
+    rows = (
+        Notification.objects.filter(suppressed | held)
+        .values("source_site_id")
+        .annotate(
+            suppressed_last_interval=Count("created_at", filter=suppressed),
+            held_for_digest=Count("created_at", filter=held),
+        )
+        .order_by()
+    )
+    return {
+        row["source_site_id"]: {
+            "suppressed_last_interval": row["suppressed_last_interval"],
+            "held_for_digest": row["held_for_digest"],
+        }
+        for row in rows
+    }

@@ -38,7 +38,10 @@ from django.db.models import Count, F, Min, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from notifications.acknowledgement import asks_ack
 from notifications.db import database_now
+from notifications.escalation import escalation_first_after, notifications_escalation_start
+from notifications.list_names import notification_lists_by_name
 from notifications.models import FloodWindow, MaintenanceWindow, Notification, NotificationList, Silence
 from notifications.trigger import dispatch_request
 
@@ -55,8 +58,20 @@ DIGEST_LINES = 50  # the held notifications listed one by one in a digest's body
 
 def notifications_released_escalation_start(*, notification_ids: list[Any], released_at: datetime) -> None:
     """Called in the transaction that releases notifications (Deliver anyway): a released row's
-    escalation counts from its release, not from its creation. The escalation engine hooks in
-    here; until it does there is nothing to start."""
+    escalation counts from its release, not from its creation (a suppressed row never
+    escalated)."""
+    rows = list(
+        Notification.objects.filter(pk__in=notification_ids, escalation_of__isnull=True).only(
+            "notification_id", "priority", "list_name"
+        )
+    )
+    lists = notification_lists_by_name(names={row.list_name for row in rows})
+    starting = {}
+    for row in rows:
+        after = escalation_first_after(priority=row.priority, notification_list=lists.get(row.list_name))
+        if after:
+            starting[row.pk] = (released_at, after)
+    notifications_escalation_start(created=starting)
 
 
 # --- the rules, cached briefly ------------------------------------------------------------------
@@ -349,8 +364,9 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
 # --- flood digests ------------------------------------------------------------------------------
 
 
-def digests_next_due() -> datetime | None:
-    """When the next digest is due: the earliest ``held_for_digest`` of a held row, or None."""
+def digests_next_due(*, now: datetime | None = None) -> datetime | None:
+    """When the next digest is due: the earliest ``held_for_digest`` of a held row, or None.
+    (``now``: the signature of the worker's due-time sources; a digest already due is due now.)"""
     due: datetime | None = Notification.objects.filter(held_for_digest__isnull=False, status=Status.PENDING).aggregate(
         due=Min("held_for_digest")
     )["due"]
@@ -392,7 +408,16 @@ def _digest_make(*, site_id: str, list_name: str, channel: str, due: datetime) -
             return None
         now = database_now()
         digest = _digest_row(site_id=site_id, list_name=list_name, channel=channel, held=held, now=now)
+        # A digest is a notification like any other: it asks for acknowledgement and escalates
+        # as its list says for its priority, counted from its creation.
+        notification_list = notification_lists_by_name(names={list_name}).get(list_name)
+        digest.asks_ack = asks_ack(
+            priority=digest.priority, ack_required_from=getattr(notification_list, "ack_required_from", None)
+        )
         digest.save(force_insert=True)
+        after = escalation_first_after(priority=digest.priority, notification_list=notification_list)
+        if after:
+            notifications_escalation_start(created={digest.pk: (now, after)})
         Notification.objects.filter(pk__in=[row.pk for row in held], status=Status.PENDING).update(
             status=Status.SUPPRESSED,
             suppressed_by=f"digest:{digest.pk}",
@@ -452,30 +477,6 @@ def digest_body(held: Sequence[Notification]) -> str:
 
 
 # --- figures ----------------------------------------------------------------------------------
-
-
-def suppression_counts_by_site(*, since: datetime) -> dict[str, dict[str, int]]:
-    """Per site: ``suppressed_last_interval`` (Suppressed rows created since ``since``: the
-    status-and-creation index) and ``held_for_digest`` (Pending rows held now: a partial index
-    of a handful of rows). One statement."""
-    suppressed = Q(status=Status.SUPPRESSED, created_at__gte=since)
-    held = Q(held_for_digest__isnull=False, status=Status.PENDING)
-    rows = (
-        Notification.objects.filter(suppressed | held)
-        .values("source_site_id")
-        .annotate(
-            suppressed_last_interval=Count("created_at", filter=suppressed),
-            held_for_digest=Count("created_at", filter=held),
-        )
-        .order_by()
-    )
-    return {
-        row["source_site_id"]: {
-            "suppressed_last_interval": row["suppressed_last_interval"],
-            "held_for_digest": row["held_for_digest"],
-        }
-        for row in rows
-    }
 
 
 # --- silences -------------------------------------------------------------------------------------

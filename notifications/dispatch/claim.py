@@ -188,15 +188,15 @@ def notifications_expire(*, channels: dict[str, Channel], now: datetime | None =
 
 # The due times a dispatch pass acts on besides deliveries, each a function giving its earliest
 # due time (None: nothing waits) at ``now``; the pass (notifications.dispatch.runner) does the
-# work that is due. Escalation steps are one; another timed duty of the pass (a digest window
-# that ends, …) joins with its own function here and its work in the pass.
-DUE_TIME_SOURCES: tuple[Callable[..., datetime | None], ...] = (escalations_next_due,)
+# work that is due: escalation steps (notifications.escalation) and the ends of flood-digest
+# windows (notifications.suppression.digests_flush, at the start of every pass).
+DUE_TIME_SOURCES: tuple[Callable[..., datetime | None], ...] = (escalations_next_due, digests_next_due)
 
 
 def dispatch_wake_at(*, channels: dict[str, Channel] | None = None, now: datetime | None = None) -> datetime | None:
     """When a dispatch pass next has something to do: the earliest of the deliveries' wake
     time (:func:`deliveries_wake_at`) and the due times of :data:`DUE_TIME_SOURCES`
-    (escalation steps). None when nothing waits."""
+    (escalation steps, digest windows). None when nothing waits."""
     now = now or database_now()
     times = [deliveries_wake_at(channels=channels, now=now), *(source(now=now) for source in DUE_TIME_SOURCES)]
     return min((when for when in times if when is not None), default=None)
@@ -222,9 +222,4 @@ def deliveries_wake_at(*, channels: dict[str, Channel] | None = None, now: datet
             health_row = health.get((channel.name, channel.endpoint))
             when = max(when, channel_gate_wait(channel=channel, health=health_row, now=now))
         wake = when if wake is None else min(wake, when)
-    # A flood digest is due at its window's end (notifications.suppression.digests_flush runs
-    # at the start of every pass).
-    digest_due = digests_next_due()
-    if digest_due is not None:
-        wake = digest_due if wake is None else min(wake, digest_due)
     return wake
