@@ -3,11 +3,11 @@ progress of one bulk Retry (a redrive). Both read small slices through indexes m
 (migration 0012_console_outbox), never the delivered history.
 
 A *cause* is the first ``db.CAUSE_LENGTH`` characters of a Parked row's last error: rows that
-failed the same way ("Unknown notification list 'Night-Shift'.") share it.
+failed the same way share it. Rows whose failure has a stable code (``failure_code``) are
+recognised by the code, never by the wording of their error.
 """
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -19,11 +19,9 @@ from django.db.models.lookups import Exact, GreaterThan, LessThanOrEqual
 from notifications import db
 from notifications.list_names import notification_lists_by_name
 from notifications.models import Notification
+from notifications.vocabulary import FailureCode
 
 Status = Notification.Status
-
-# The dispatcher's words for a row naming no configured list (notifications.dispatch._plan).
-UNKNOWN_LIST = re.compile(r"^Unknown notification list (['\"])(?P<name>.*)\1\.")
 
 # Distinct (cause, list, site) combinations read at most; beyond, the view says it is partial.
 GROUP_ROWS_MAX = 5000
@@ -103,11 +101,10 @@ def parked_groups() -> tuple[list[ParkedGroup], bool]:
         group.last_seen = _pick(max, group.last_seen, combo["last"])
     names = {name for group in groups.values() for name in group.lists}
     configured = notification_lists_by_name(names=names)
+    ready = {item.cause: item.list_name for item in parked_for_lists_now_existing()}
     for group in groups.values():
         group.missing_lists = sorted(name for name in group.lists if name not in configured)
-        match = UNKNOWN_LIST.match(group.cause)
-        if match and match["name"] in notification_lists_by_name(names={match["name"]}):
-            group.list_now_exists = match["name"]
+        group.list_now_exists = ready.get(group.cause)
         group.sites = dict(sorted(group.sites.items(), key=lambda item: (-item[1], item[0])))
         group.lists = dict(sorted(group.lists.items(), key=lambda item: (-item[1], item[0])))
     ordered = sorted(groups.values(), key=lambda group: (-group.count, group.cause))
@@ -178,23 +175,20 @@ class ListNowExists:
 
 
 def parked_for_lists_now_existing() -> list[ListNowExists]:
-    """The causes "Unknown notification list 'X'." whose list X is configured now, with their
-    Parked row counts: the outbox page offers to retry them. Reads the cause index alone."""
-    parked = Notification.objects.filter(status=Status.PARKED, last_error__startswith="Unknown notification list ")
-    if connection.vendor == "postgresql":
-        parked = parked.filter(_indexed(short=True))
-    counts = list(parked.values("last_error").annotate(count=Count("created_at")).order_by()[:GROUP_ROWS_MAX])
-    named = {}
-    for row in counts:
-        match = UNKNOWN_LIST.match(row["last_error"])
-        if match and len(row["last_error"]) < db.CAUSE_LENGTH:
-            named[row["last_error"]] = (match["name"], row["count"])
-    existing = notification_lists_by_name(names={name for name, _ in named.values()})
+    """The Parked rows that failed because their list did not exist (failure code
+    ``unknown_list``, whatever the wording of their error) and whose list is configured now,
+    by list and cause, with their counts: the outbox page offers to retry them. Reads the
+    small index of coded Parked rows (notif_parked_code_idx)."""
+    parked = Notification.objects.filter(status=Status.PARKED, failure_code=FailureCode.UNKNOWN_LIST)
+    counts = list(
+        parked.values("list_name", "last_error").annotate(count=Count("created_at")).order_by()[:GROUP_ROWS_MAX]
+    )
+    existing = notification_lists_by_name(names={row["list_name"] for row in counts})
     return sorted(
         (
-            ListNowExists(list_name=name, cause=cause, count=count)
-            for cause, (name, count) in named.items()
-            if name in existing
+            ListNowExists(list_name=row["list_name"], cause=row["last_error"], count=row["count"])
+            for row in counts
+            if row["list_name"] in existing and len(row["last_error"]) < db.CAUSE_LENGTH
         ),
         key=lambda item: (-item.count, item.list_name),
     )

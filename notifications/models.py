@@ -16,7 +16,7 @@ from notifications.channel_targets import apprise_url_masked, url_masked
 from notifications.db import ClaimIndex
 from notifications.fields import EncryptedTextField
 from notifications.secret_binding import secrets_bind_changed, teams_url_digest
-from notifications.vocabulary import TYPE_CHOICES, FailureClass
+from notifications.vocabulary import TYPE_CHOICES, FailureClass, FailureCode
 
 
 class NotificationStatus(models.TextChoices):
@@ -106,6 +106,9 @@ class Notification(models.Model):
     # they never count against the policy's max_attempts.
     channel_failures = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.TextField(blank=True)
+    # The stable name of the last failure when it has one (vocabulary.FailureCode), so that
+    # the console recognises it whatever the wording of last_error.
+    failure_code = models.CharField(max_length=32, choices=FailureCode.choices, blank=True, default="", db_default="")
     # One entry per target with its outcome (notifications.vocabulary.TargetOutcome): who
     # has it, who refused it for good, who is still owed it (retried) and who may have it.
     resolved_targets = models.JSONField(default=list, blank=True)
@@ -205,6 +208,12 @@ class Notification(models.Model):
                 fields=["escalation_of"],
                 name="notif_escalation_of_idx",
                 condition=models.Q(escalation_of__isnull=False),
+            ),
+            # Parked rows with a stable failure code (the console's "the list exists now").
+            models.Index(
+                fields=["failure_code", "list_name"],
+                name="notif_parked_code_idx",
+                condition=models.Q(status=NotificationStatus.PARKED) & ~models.Q(failure_code=""),
             ),
             # The unacknowledged ones (the console's tile, the gauge), newest first.
             models.Index(

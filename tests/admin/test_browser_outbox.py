@@ -25,7 +25,7 @@ from tests.support.smtp import SmtpServer
 
 Status = Notification.Status
 OUTBOX = reverse("admin:notifications_notification_changelist")
-UNKNOWN = "Unknown notification list 'Night-Shift'."
+UNKNOWN = "Permanent failure (configuration): Unknown notification list 'Night-Shift'."
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -112,7 +112,13 @@ def test_the_outbox_table_fits_the_screen_with_200_mixed_rows(viewport_page, liv
 def test_parked_group_create_list_retry_and_redrive_to_all_delivered(viewport_page, live_server):
     ARTIFACTS.mkdir(exist_ok=True)
     rows = [
-        make_notification(status=Status.PARKED, list_name="Night-Shift", last_error=UNKNOWN, source_site_id=site)
+        make_notification(
+            status=Status.PARKED,
+            list_name="Night-Shift",
+            last_error=UNKNOWN,
+            failure_code="unknown_list",
+            source_site_id=site,
+        )
         for site in ("plant-a", "plant-a", "plant-b")
     ]
     make_notification(status=Status.PARKED)  # another cause, left alone
