@@ -6,6 +6,7 @@ the test-notification form."""
 import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
+from django.utils import timezone
 
 from notifications.models import Notification, NotificationList
 from tests.admin.conftest import make_user
@@ -63,3 +64,60 @@ def test_a_delivered_row_loses_its_failure_code(smtp_server, smtp_config, operat
     run_pass()
     row = fresh(row)
     assert row.status == Status.DELIVERED and row.failure_code == ""
+
+
+# --- delivery policies: the policy in force, and a new one starts from it ---------------------
+
+POLICY_ADD = reverse("admin:notifications_deliverypolicy_add")
+POLICIES = reverse("admin:notifications_deliverypolicy_changelist")
+
+
+def form_data_from_initial(form):
+    data = {}
+    for name, field in form.fields.items():
+        value = form.initial.get(name, field.initial)
+        if value is None or value is False:
+            continue
+        data[name] = [str(item) for item in value] if isinstance(value, list | tuple) else str(value)
+    return data
+
+
+def test_a_new_policy_starts_from_the_policy_in_force_and_keeps_retrying_outages(client, db):
+    from notifications.policies import delivery_failure_decide, delivery_policy_default, delivery_policy_for
+
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    listing = client.get(POLICIES).content.decode()
+    assert "Policy in force per channel" in listing and 'data-channel="webhook"' in listing
+    response = client.get(POLICY_ADD, {"channel": "webhook"})
+    default = delivery_policy_default(channel="webhook")
+    data = form_data_from_initial(response.context["adminform"].form)
+    assert data["channel"] == "webhook"
+    assert set(data["retry_on"]) == set(default.retry_on) and "connection" in data["retry_on"]
+    assert int(data["max_attempts"]) == default.timing.max_attempts
+    # The operator changes only the number of attempts, as in the field report.
+    data["max_attempts"] = "3"
+    response = client.post(POLICY_ADD, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    stored = delivery_policy_for(channel="webhook")
+    assert stored.stored and stored.timing.max_attempts == 3 and stored.retry_on == default.retry_on
+    decision = delivery_failure_decide(
+        policy=stored,
+        failure_class="connection",
+        message="connection refused",
+        row_failures=0,
+        queued_at=timezone.now(),
+        now=timezone.now(),
+        rand=0.5,
+    )
+    assert decision.status == Status.RETRYING
+
+
+def test_unticking_a_channel_failure_class_needs_a_confirmation(client, db):
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    data = form_data_from_initial(client.get(POLICY_ADD, {"channel": "teams"}).context["adminform"].form)
+    data["retry_on"] = [value for value in data["retry_on"] if value not in ("connection", "timeout")]
+    response = client.post(POLICY_ADD, data)
+    assert response.status_code == 200
+    assert "Not retried: connection, timeout." in str(response.context["adminform"].form.errors)
+    data["park_channel_failures"] = "on"
+    assert client.post(POLICY_ADD, data).status_code == 302
