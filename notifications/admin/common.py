@@ -91,3 +91,14 @@ class SecretsUndecryptableExplained(admin.ModelAdmin):
             )
             return HttpResponseRedirect(reverse("admin:index"))
         return response
+
+
+def typed_secrets_kept(form: forms.BaseForm) -> None:
+    """When ``form`` comes back with an error (its own or another form's on the same page), its
+    write-only fields keep what was typed in this submission, masked: otherwise a new target's
+    URL would come back empty and the next save would drop it without a word. A stored secret
+    is never rendered: a field left blank stays blank."""
+    if form.is_bound:
+        for field in form.fields.values():
+            if isinstance(field.widget, forms.PasswordInput):
+                field.widget.render_value = True

@@ -11,6 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_email
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -23,6 +24,7 @@ from notifications.list_names import list_name_normalize, list_name_problem, not
 from notifications.list_tools import (
     TEST_SUBJECT_PREFIX,
     TestNotificationError,
+    address_pasted,
     addresses_parse,
     list_add_addresses,
     list_recipients_preview,
@@ -69,6 +71,22 @@ class TestNotificationForm(forms.Form):
     body = forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "cols": 60}), max_length=10_000)
 
 
+class EmailRecipientForm(forms.ModelForm):
+    # A CharField first: "Robert Ito <r.ito@example.com>" pasted from a mail program is
+    # reduced to its address before the address is checked.
+    email = forms.CharField(max_length=400, required=False)
+
+    class Meta:
+        model = EmailRecipient
+        fields = ("email",)
+
+    def clean_email(self) -> str:
+        address = address_pasted(self.cleaned_data.get("email") or "")
+        if address:
+            validate_email(address)
+        return address
+
+
 class EmailRecipientFormSet(forms.BaseInlineFormSet):
     def add_fields(self, form: "forms.ModelForm[Any]", index: int | None) -> None:
         # A tabular inline has one column heading and no per-row <label>: name each field for
@@ -98,6 +116,7 @@ class EmailRecipientFormSet(forms.BaseInlineFormSet):
 
 class EmailRecipientInline(admin.TabularInline):
     model = EmailRecipient
+    form = EmailRecipientForm
     formset = EmailRecipientFormSet
     extra = 1
     fields = ("email",)

@@ -121,3 +121,61 @@ def test_unticking_a_channel_failure_class_needs_a_confirmation(client, db):
     assert "Not retried: connection, timeout." in str(response.context["adminform"].form.errors)
     data["park_channel_failures"] = "on"
     assert client.post(POLICY_ADD, data).status_code == 302
+
+
+# --- write-only fields after a validation error elsewhere -------------------------------------
+
+
+def test_a_typed_teams_url_survives_a_validation_error_elsewhere_in_the_list_form(client, db):
+    from tests.channels.test_console_and_config import TEAMS_URL, list_form
+
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    add = reverse("admin:notifications_notificationlist_add")
+    data = list_form(
+        teams_targets=[{"url": TEAMS_URL}],
+        email_recipients=[{"email": "not an address"}],
+    )
+    response = client.post(add, data)
+    assert response.status_code == 200
+    teams_field = response.context["inline_admin_formsets"][1].formset.forms[0]["url"]
+    # What the administrator typed comes back (masked in a password field), so the next save keeps it.
+    assert f'value="{TEAMS_URL.replace("&", "&amp;")}"' in str(teams_field)
+    data["email_recipients-0-email"] = "night.lead@example.com"
+    assert client.post(add, data).status_code == 302
+    assert NotificationList.objects.get(name="Channels").teams_targets.get().url == TEAMS_URL
+
+
+def test_a_stored_teams_url_is_never_rendered(client, db):
+    from tests.channels.test_console_and_config import TEAMS_URL
+
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    channels = NotificationList.objects.create(name="Channels")
+    channels.teams_targets.create(url=TEAMS_URL)
+    page = client.get(reverse("admin:notifications_notificationlist_change", args=[channels.pk])).content.decode()
+    assert "S3CR3T" not in page
+
+
+# --- addresses pasted from a mail program --------------------------------------------------------
+
+
+def test_addresses_pasted_from_outlook_are_accepted_by_name_and_address(client, db):
+    from tests.channels.test_console_and_config import list_form
+
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    data = list_form(email_recipients=[{"email": "Robert Ito <r.ito@example.com>"}])
+    data["add_addresses"] = (
+        "Ito, Robert <r.ito@example.com>; Dubois, Pierre <p.dubois@example.com>\n"
+        '"Müller, Anna" <a.mueller@example.com>, plain@example.com\n'
+    )
+    response = client.post(reverse("admin:notifications_notificationlist_add"), data)
+    assert response.status_code == 302, response.context and response.context["adminform"].form.errors
+    stored = set(NotificationList.objects.get(name="Channels").email_recipients.values_list("email", flat=True))
+    assert stored == {"r.ito@example.com", "p.dubois@example.com", "a.mueller@example.com", "plain@example.com"}
+
+
+def test_a_pasted_line_with_something_else_names_it():
+    from notifications.list_tools import addresses_parse
+
+    addresses, problems = addresses_parse("Robert Ito <r.ito@example.com>, Night shift\n")
+    assert addresses == ["r.ito@example.com"]
+    assert problems == ["Line 1: “Night” is not an email address (in “Robert Ito <r.ito@example.com>, Night shift”)."]
