@@ -34,6 +34,7 @@ from notifications.console import parked_cause_rows, parked_groups, redrive_prog
 from notifications.console_time import COOKIE, COOKIE_MAX_AGE, console_time, zone_parse
 from notifications.models import Notification
 from notifications.operations import ActionResult, notification_discard, notification_retry
+from notifications.vocabulary import targets_summary
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -57,11 +58,15 @@ EXPORT_COLUMNS = (
     "requeued_at",
     "last_attempt_at",
     "delivered_at",
+    "discarded_at",
     "retry_count",
     "last_error",
     "discarded_by",
     "discard_reason",
+    "recipients",
 )
+# The stored columns of the export; "recipients" is the one-line summary of resolved_targets.
+EXPORT_FIELDS = (*EXPORT_COLUMNS[:-1], "resolved_targets")
 
 
 class _Echo:
@@ -226,22 +231,26 @@ class OutboxConsoleViews(_Base):
 
     def export_view(self, request: HttpRequest) -> HttpResponseBase:
         """The rows the outbox page shows with the same filters and search, as CSV (streamed,
-        at most EXPORT_MAX_ROWS rows, newest first)."""
+        at most EXPORT_MAX_ROWS rows, newest first), UTF-8 with a byte-order mark, each row with
+        its per-recipient summary ("delivered to 1 of 3, 2 refused (552)")."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         changelist = self.get_changelist_instance(request)
-        rows = changelist.get_queryset(request).values_list(*EXPORT_COLUMNS)
+        rows = changelist.get_queryset(request).values_list(*EXPORT_FIELDS)
 
         def lines() -> Iterator[str]:
             writer = csv.writer(_Echo())
-            yield writer.writerow(EXPORT_COLUMNS)
+            # A byte-order mark first: Excel reads the file as UTF-8 only with it (else ポンプ is garbled).
+            yield "\ufeff" + writer.writerow(EXPORT_COLUMNS)
             for written, row in enumerate(rows[: EXPORT_MAX_ROWS + 1].iterator(chunk_size=2000)):
                 if written == EXPORT_MAX_ROWS:
                     yield writer.writerow(
                         [f"# stopped at {EXPORT_MAX_ROWS:,} rows: narrow the filters to export the rest"]
                     )
                     return
-                yield writer.writerow([csv_cell_safe(_export_value(value)) for value in row])
+                summary = targets_summary(row[-1])
+                values = [*row[:-1], summary["text"] if summary else ""]
+                yield writer.writerow([csv_cell_safe(_export_value(value)) for value in values])
 
         stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
         response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")

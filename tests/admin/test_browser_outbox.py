@@ -187,7 +187,7 @@ def test_time_presets_and_csv_export(viewport_page, live_server):
         page.click("#export-csv-link")
     download = download_info.value
     assert download.suggested_filename.startswith("outbox-") and download.suggested_filename.endswith(".csv")
-    rows = list(csv.reader(io.StringIO(Path(download.path()).read_text(encoding="utf-8"))))
+    rows = list(csv.reader(io.StringIO(Path(download.path()).read_text(encoding="utf-8-sig"))))
     assert [row[0] for row in rows[1:]] == [str(recent.pk)]
 
 

@@ -299,7 +299,7 @@ def test_the_list_filter_offers_names_parked_rows_use_that_no_list_has(operator_
 def _csv(response):
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"].startswith("text/csv")
-    return list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    return list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode("utf-8-sig"))))
 
 
 def test_export_streams_the_filtered_rows_as_csv_with_formula_cells_defused(operator_client):

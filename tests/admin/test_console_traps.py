@@ -179,3 +179,38 @@ def test_a_pasted_line_with_something_else_names_it():
     addresses, problems = addresses_parse("Robert Ito <r.ito@example.com>, Night shift\n")
     assert addresses == ["r.ito@example.com"]
     assert problems == ["Line 1: “Night” is not an email address (in “Robert Ito <r.ito@example.com>, Night shift”)."]
+
+
+# --- the CSV export -------------------------------------------------------------------------------
+
+
+def test_the_csv_export_opens_in_excel_with_discarded_at_and_each_recipients_outcome(client, db):
+    import csv
+    import io
+    from datetime import timedelta
+
+    from tests.admin.conftest import make_notification
+
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    discarded = make_notification(
+        status=Status.DISCARDED, subject="ポンプ停止", discarded_at=timezone.now(), discarded_by="olivia"
+    )
+    partial = make_notification(
+        status=Status.DELIVERED,
+        age=timedelta(minutes=1),
+        resolved_targets=[
+            {"target": "a@example.com", "outcome": "delivered"},
+            {"target": "b@example.com", "outcome": "refused", "smtp_code": 552},
+            {"target": "c@example.com", "outcome": "delivered"},
+        ],
+        targets_refused=1,
+    )
+    response = client.get(reverse("admin:notifications_notification_export"))
+    raw = b"".join(response.streaming_content)
+    assert raw.startswith(b"\xef\xbb\xbf")  # the byte-order mark Excel needs to read UTF-8
+    rows = list(csv.DictReader(io.StringIO(raw.decode("utf-8-sig"))))
+    by_id = {row["notification_id"]: row for row in rows}
+    assert by_id[str(discarded.pk)]["subject"] == "ポンプ停止"
+    assert by_id[str(discarded.pk)]["discarded_at"].startswith(str(discarded.discarded_at.year))
+    assert by_id[str(partial.pk)]["recipients"] == "delivered to 2 of 3, 1 refused (552)"
+    assert by_id[str(discarded.pk)]["recipients"] == ""
