@@ -214,3 +214,23 @@ def test_the_csv_export_opens_in_excel_with_discarded_at_and_each_recipients_out
     assert by_id[str(discarded.pk)]["discarded_at"].startswith(str(discarded.discarded_at.year))
     assert by_id[str(partial.pk)]["recipients"] == "delivered to 2 of 3, 1 refused (552)"
     assert by_id[str(discarded.pk)]["recipients"] == ""
+
+
+# --- Japanese list names ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ポンプ監視班", "ひらがなの班", "ﾎﾟﾝﾌﾟ監視", "ポンプ監視班 B-2", "서울 監視", "监视ㄅ"])
+def test_a_name_in_one_writing_system_is_accepted(client, db, name):
+    from tests.channels.test_console_and_config import list_form
+
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    response = client.post(reverse("admin:notifications_notificationlist_add"), list_form(name=name))
+    assert response.status_code == 302, response.context and response.context["adminform"].form.errors
+    assert NotificationList.objects.filter(name=name).exists()
+
+
+@pytest.mark.parametrize(("name", "mixed"), [("Оperators", "Cyrillic and Latin"), ("Ελληνικά監視", "Greek and Han")])
+def test_look_alike_mixtures_are_still_refused(name, mixed):
+    from notifications.list_names import list_name_problem
+
+    assert list_name_problem(name) == f"Mixes {mixed} letters; a name that looks like another one is refused."
