@@ -66,9 +66,16 @@ class NotificationListForm(forms.ModelForm):
 
 
 class TestNotificationForm(forms.Form):
+    """``channels``: the channels the list has targets on, the only ones offered."""
+
     channel = forms.ChoiceField(choices=[(name, name) for name in sorted(ADAPTER_PATHS)])
     subject = forms.CharField(max_length=200, help_text=f"Sent with “{TEST_SUBJECT_PREFIX.strip()}” in front.")
     body = forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "cols": 60}), max_length=10_000)
+
+    def __init__(self, *args: Any, channels: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["channel"].choices = [(name, name) for name in channels]  # type: ignore[attr-defined]
+        self.fields["channel"].help_text = "Only the channels this list has recipients or targets on."
 
 
 class EmailRecipientForm(forms.ModelForm):
@@ -192,8 +199,11 @@ class NotificationListAdmin(SecretsUndecryptableExplained):
         notification_list = self.get_object(request, unquote(object_id))
         if notification_list is None:
             return missing_object_redirect(self, request, object_id)
+        channels = [
+            entry.channel for entry in list_recipients_preview(notification_list=notification_list) if entry.targets
+        ]
         if request.method == "POST":
-            form = TestNotificationForm(request.POST)
+            form = TestNotificationForm(request.POST, channels=channels)
             if form.is_valid():
                 try:
                     notification_id = list_send_test(
@@ -213,15 +223,20 @@ class NotificationListAdmin(SecretsUndecryptableExplained):
                     )
         else:
             form = TestNotificationForm(
+                channels=channels,
                 initial={
-                    "channel": "email",
+                    "channel": "email" if "email" in channels else next(iter(channels), ""),
                     "subject": f"Test notification to {notification_list.name}",
                     "body": f"This is a test notification to the list {notification_list.name}, sent from the "
                     f"Outbox console by {request.user.get_username()}. No action is needed.",
-                }
+                },
             )
         context = self._list_context(
-            request, notification_list, f"Send a test notification to “{notification_list.name}”", form=form
+            request,
+            notification_list,
+            f"Send a test notification to “{notification_list.name}”",
+            form=form,
+            channels=channels,
         )
         return TemplateResponse(request, "admin/notifications/notificationlist/send_test.html", context)
 

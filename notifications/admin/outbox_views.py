@@ -146,7 +146,8 @@ class OutboxConsoleViews(_Base):
         return cause, ids
 
     def parked_retry_view(self, request: HttpRequest) -> HttpResponseBase:
-        """Retry every Parked row of one cause (up to the action limit), then follow them."""
+        """Retry every Parked row of one cause (up to the action limit), then follow them; with
+        ``confirm=ask`` (the groups' "Retry all") a confirmation page first."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.has_retry_permission(request):
@@ -159,6 +160,17 @@ class OutboxConsoleViews(_Base):
         if not ids:
             self.message_user(request, "No Parked notification has that cause any more.", messages.WARNING)
             return HttpResponseRedirect(back)
+        if request.POST.get("confirm") == "ask":
+            # "Retry all" of a group asks first: hundreds of messages go out again at once.
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Retry parked notifications?",
+                "opts": self.opts,
+                "cause": cause,
+                "count": len(ids),
+                "action_max_rows": self.action_max_rows,
+            }
+            return TemplateResponse(request, "admin/notifications/notification/parked_retry.html", context)
         result = notification_retry(notification_ids=ids, user=request.user)
         self._report(request, "Retried", result, not_applicable="not Parked any more, or being delivered")
         at = retried_at(ids) if result.changed else None

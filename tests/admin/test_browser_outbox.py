@@ -146,6 +146,7 @@ def test_parked_group_create_list_retry_and_redrive_to_all_delivered(viewport_pa
             host=smtp.host, port=smtp.port, security="none", from_address="outbox@example.com", timeout_seconds=5
         )
         group.locator("button.outbox-group-retry").click()
+        page.click("#confirm-retry")  # "Retry all" asks first
         page.wait_for_url(re.compile(r".*/redrive/\?at=.*"))
         assert page.locator("#redrive-waiting .outbox-tile-value").inner_text() == "3"
         assert "still waiting" in page.locator("#redrive-state").inner_text()

@@ -234,3 +234,37 @@ def test_look_alike_mixtures_are_still_refused(name, mixed):
     from notifications.list_names import list_name_problem
 
     assert list_name_problem(name) == f"Mixes {mixed} letters; a name that looks like another one is refused."
+
+
+# --- the test-notification form, "Retry all" ------------------------------------------------------
+
+
+def test_the_test_notification_form_offers_only_channels_the_list_has_targets_on(client, db):
+    from tests.channels.test_console_and_config import TEAMS_URL
+
+    client.force_login(make_user("adam", groups=["Administrators"]))
+    teams_only = NotificationList.objects.create(name="Teams-Only")
+    teams_only.teams_targets.create(url=TEAMS_URL)
+    url = reverse("admin:notifications_notificationlist_send_test", args=[teams_only.pk])
+    form = client.get(url).context["form"]
+    assert [value for value, _ in form.fields["channel"].choices] == ["teams"]
+    response = client.post(url, {"channel": "email", "subject": "x", "body": "y"})
+    assert response.status_code == 200 and "channel" in response.context["form"].errors
+    assert not Notification.objects.exists()
+    empty = NotificationList.objects.create(name="Empty")
+    page = client.get(reverse("admin:notifications_notificationlist_send_test", args=[empty.pk])).content.decode()
+    assert 'id="list-send-test-none"' in page and 'id="list-send-test-form"' not in page
+
+
+def test_retry_all_of_a_parked_group_asks_first(client, db):
+    from tests.admin.conftest import make_notification
+
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    rows = [make_notification(status=Status.PARKED) for _ in range(3)]
+    cause = rows[0].last_error
+    assert 'name="confirm" value="ask"' in client.get(PARKED).content.decode()
+    confirm = client.post(PARKED_RETRY, {"cause": cause, "confirm": "ask"})
+    assert confirm.status_code == 200 and "Retry 3 parked notifications" in confirm.content.decode()
+    assert {fresh(row).status for row in rows} == {Status.PARKED}
+    done = client.post(PARKED_RETRY, {"cause": cause})
+    assert done.status_code == 302 and {fresh(row).status for row in rows} == {Status.PENDING}
