@@ -268,3 +268,22 @@ def test_retry_all_of_a_parked_group_asks_first(client, db):
     assert {fresh(row).status for row in rows} == {Status.PARKED}
     done = client.post(PARKED_RETRY, {"cause": cause})
     assert done.status_code == 302 and {fresh(row).status for row in rows} == {Status.PENDING}
+
+
+# --- sites for operators ----------------------------------------------------------------------------
+
+
+def test_operators_read_site_pages_but_cannot_change_them_or_see_keys(client, db):
+    from sites.models import Site
+
+    site = Site.objects.create(site_id="plant-z", name="Plant Z", last_seen_at=timezone.now())
+    site.api_keys.model.objects.create_key(site=site, name="main")
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    listing = client.get(reverse("admin:sites_site_changelist"))
+    assert listing.status_code == 200 and "plant-z" in listing.content.decode()
+    page = client.get(reverse("admin:sites_site_change", args=[site.pk]))
+    assert page.status_code == 200
+    content = page.content.decode()
+    assert "direct</span> last post" in content and 'name="_save"' not in content
+    assert "Issue" not in content and "revoke" not in content.lower()
+    assert client.post(reverse("admin:sites_site_change", args=[site.pk]), {"name": "X"}).status_code == 403
