@@ -8,6 +8,7 @@ recognised by the code, never by the wording of their error.
 """
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -46,6 +47,28 @@ class ParkedGroup:
     def key(self) -> str:
         """A short stable handle of the cause (for element ids and links)."""
         return cause_key(self.cause)
+
+
+# The generic start the dispatcher gives an error ("Permanent failure (recipient_rejected): …"):
+# the table shows the class and what follows, the part that differs from row to row.
+_GENERIC_START = re.compile(
+    r"^(?:Permanent failure|Channel failure|Transient failure|Retries exhausted|Outcome unknown)"
+    r" \((?P<detail>[^)]*)\): (?P<rest>.*)$",
+    re.DOTALL,
+)
+
+
+def error_specific(text: str) -> str:
+    """``text`` (a row's last error) with its generic start reduced to the failure class:
+    "Channel failure (connection; retried until the channel recovers): [Errno 111] refused"
+    → "connection: [Errno 111] refused". Other errors come back as they are."""
+    match = _GENERIC_START.match(text)
+    if match is None:
+        return text
+    detail = match["detail"].split(";")[0].split(",")[0].strip()
+    if detail.endswith("failed attempts") or detail.isdigit():
+        detail = "retries exhausted"
+    return f"{detail}: {match['rest']}"
 
 
 def cause_key(cause: str) -> str:
@@ -191,4 +214,40 @@ def parked_for_lists_now_existing() -> list[ListNowExists]:
             if row["list_name"] in existing and len(row["last_error"]) < db.CAUSE_LENGTH
         ),
         key=lambda item: (-item.count, item.list_name),
+    )
+
+
+@dataclass(frozen=True)
+class WaitingBreakdown:
+    """The rows waiting (Pending or Retrying) on one channel, by site and by list, largest
+    first; ``partial``: more than GROUP_ROWS_MAX site/list combinations, the rest not read."""
+
+    channel: str
+    total: int
+    sites: list[tuple[str, int]]
+    lists: list[tuple[str, int]]
+    partial: bool
+
+
+def waiting_breakdown(*, channel: str) -> WaitingBreakdown:
+    """Where an open channel hits: its waiting rows counted by site and list, from the claim
+    index (notif_claim_idx: the open rows by site, priority and channel, the list included)."""
+    combos = list(
+        Notification.objects.filter(status__in=Notification.NON_TERMINAL, type=channel)
+        .values("source_site_id", "list_name")
+        .annotate(count=Count("created_at"))
+        .order_by()[: GROUP_ROWS_MAX + 1]
+    )
+    partial = len(combos) > GROUP_ROWS_MAX
+    sites: dict[str, int] = {}
+    lists: dict[str, int] = {}
+    for combo in combos[:GROUP_ROWS_MAX]:
+        sites[combo["source_site_id"]] = sites.get(combo["source_site_id"], 0) + combo["count"]
+        lists[combo["list_name"]] = lists.get(combo["list_name"], 0) + combo["count"]
+
+    def largest(counts: dict[str, int]) -> list[tuple[str, int]]:
+        return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+    return WaitingBreakdown(
+        channel=channel, total=sum(sites.values()), sites=largest(sites), lists=largest(lists), partial=partial
     )

@@ -902,3 +902,21 @@ class ProviderMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider} {self.provider_id}: {self.provider_status}"
+
+
+class IncidentNote(models.Model):
+    """An operator's note on an open channel or a group of parked rows ("relay team called, ETA
+    04:00"), for the next shift: who wrote it and when. Notes are kept (never edited), newest
+    first. A note is not an acknowledgement: it changes no notification."""
+
+    # What the note is about: "channel:<name>" or "parked:<cause key>" (console.cause_key).
+    subject = models.CharField(max_length=100)
+    text = models.TextField(max_length=2000)
+    author = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["subject", "-created_at"], name="incident_note_subject_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} {self.created_at:%Y-%m-%d %H:%M} {self.author}"

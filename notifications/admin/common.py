@@ -102,3 +102,12 @@ def typed_secrets_kept(form: forms.BaseForm) -> None:
         for field in form.fields.values():
             if isinstance(field.widget, forms.PasswordInput):
                 field.widget.render_value = True
+
+
+class IncidentNoteForm(forms.Form):
+    subject = forms.RegexField(regex=r"^(channel|parked):[\w.-]{1,80}$", max_length=100, widget=forms.HiddenInput)
+    text = forms.CharField(
+        label="Note for the next shift",
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60, "placeholder": "relay team called, ETA 04:00"}),
+    )

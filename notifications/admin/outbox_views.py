@@ -29,12 +29,14 @@ from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from notifications.admin.common import DiscardForm
-from notifications.console import parked_cause_rows, parked_groups, redrive_progress, retried_at
+from notifications.admin.common import DiscardForm, IncidentNoteForm
+from notifications.console import parked_cause_rows, parked_groups, redrive_progress, retried_at, waiting_breakdown
 from notifications.console_time import COOKIE, COOKIE_MAX_AGE, console_time, zone_parse
+from notifications.health import channels_unhealthy
+from notifications.incident_notes import incident_note_add, incident_notes
 from notifications.models import Notification
 from notifications.operations import ActionResult, notification_discard, notification_retry
-from notifications.vocabulary import targets_summary
+from notifications.vocabulary import ADAPTER_PATHS, targets_summary
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -144,6 +146,66 @@ class OutboxConsoleViews(_Base):
             return None
         ids = list(parked_cause_rows(cause).order_by("created_at").values_list("pk", flat=True)[: self.action_max_rows])
         return cause, ids
+
+    def channel_breakdown_view(self, request: HttpRequest) -> HttpResponseBase:
+        """Where an open channel hits: its waiting rows by site and by list, each a link to
+        those rows (the status line's and the open-channel box's link)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        channel = request.GET.get("channel", "")
+        if channel not in ADAPTER_PATHS:
+            return HttpResponseBadRequest("Choose a channel: ?channel=email, teams, webhook, sms or apprise.")
+        breakdown = waiting_breakdown(channel=channel)
+        health = [
+            {**row, "since": parse_datetime(row["since"]) if row["since"] else None}
+            for row in channels_unhealthy()
+            if row["channel"] == channel
+        ]
+        outbox = reverse("admin:notifications_notification_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Waiting for {channel}: where it hits",
+            "opts": self.opts,
+            "channel": channel,
+            "breakdown": breakdown,
+            "health": health[0] if health else None,
+            "rows_url": f"{outbox}?{urlencode({'type': channel, 'status': 'queued'})}",
+            **self.incident_notes_context(request, subject=f"channel:{channel}"),
+        }
+        return TemplateResponse(request, "admin/notifications/notification/channel_breakdown.html", context)
+
+    # --- incident notes (on an open channel or a parked group)
+
+    def incident_notes_context(self, request: HttpRequest, *, subject: str) -> dict[str, Any]:
+        """The notes on ``subject`` (newest first) and the form to add one."""
+        return {
+            "note_subject": subject,
+            "notes": incident_notes(subject=subject),
+            "note_form": IncidentNoteForm(),
+            "can_note": self.has_view_permission(request),
+            "note_back": request.get_full_path(),
+        }
+
+    def incident_note_add_view(self, request: HttpRequest) -> HttpResponseBase:
+        """Adds a note on an open channel or a parked group, then goes back to the page. A note
+        changes no notification (it is not an acknowledgement)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        back = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=False):
+            back = reverse("admin:notifications_notification_changelist")
+        form = IncidentNoteForm(request.POST)
+        if not form.is_valid():
+            problems = "; ".join(
+                f"{name}: {' '.join(str(error) for error in errors)}" for name, errors in form.errors.items()
+            )
+            self.message_user(request, f"The note was not saved ({problems}).", messages.ERROR)
+            return HttpResponseRedirect(back)
+        incident_note_add(subject=form.cleaned_data["subject"], text=form.cleaned_data["text"], user=request.user)
+        self.message_user(request, "Note added; the next shift sees it here.", messages.SUCCESS)
+        return HttpResponseRedirect(back)
 
     def parked_retry_view(self, request: HttpRequest) -> HttpResponseBase:
         """Retry every Parked row of one cause (up to the action limit), then follow them; with

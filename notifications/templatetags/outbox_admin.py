@@ -142,3 +142,15 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
 def console_time_filter(value: datetime | None) -> str:
     """A timestamp as every console page shows it: seconds and zone."""
     return console_time(value)
+
+
+@register.simple_tag(takes_context=True)
+def outbox_status_line(context: template.Context, kpis: dict[str, Any] | None) -> Any:
+    """The status line (notifications.status_line) from the page's ``kpis``, or None when the
+    user may not view notifications."""
+    from notifications.status_line import status_line_compute
+
+    request = context.get("request")
+    if kpis is None or request is None or not request.user.has_perm("notifications.view_notification"):
+        return None
+    return status_line_compute(kpis=kpis)
