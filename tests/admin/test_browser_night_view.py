@@ -92,6 +92,7 @@ def test_on_a_phone_each_row_is_a_card_with_subject_status_site_and_age(viewport
     log_in(page, live_server, make_user("olivia", groups=["Operators"]))
     for url in (OUTBOX, reverse("admin:index")):
         page.goto(f"{live_server.url}{url}")
+        page.screenshot(path=str(ARTIFACTS / f"night-390-{url.strip('/').replace('/', '-')}.png"), full_page=True)
         scroll = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert scroll <= 0, (url, scroll)
     page.goto(f"{live_server.url}{OUTBOX}")
