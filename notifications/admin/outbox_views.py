@@ -33,7 +33,7 @@ from notifications.admin.common import DiscardForm, IncidentNoteForm
 from notifications.console import parked_cause_rows, parked_groups, redrive_progress, retried_at, waiting_breakdown
 from notifications.console_time import COOKIE, COOKIE_MAX_AGE, console_time, zone_parse
 from notifications.health import channels_unhealthy
-from notifications.incident_notes import incident_note_add, incident_notes
+from notifications.incident_notes import incident_note_add, incident_notes, incident_notes_latest
 from notifications.models import Notification
 from notifications.operations import ActionResult, notification_discard, notification_retry
 from notifications.vocabulary import ADAPTER_PATHS, targets_summary
@@ -115,6 +115,7 @@ class OutboxConsoleViews(_Base):
         can_add_list = request.user.has_perm("notifications.add_notificationlist")
         add_list_url = reverse("admin:notifications_notificationlist_add")
         outbox_url = reverse("admin:notifications_notification_changelist")
+        notes = incident_notes_latest(subjects=[f"parked:{group.key}" for group in groups])
         rows = [
             {
                 "group": group,
@@ -124,6 +125,8 @@ class OutboxConsoleViews(_Base):
                 if can_add_list
                 else [],
                 "rows_url": f"{outbox_url}?{urlencode({'status': 'Parked', 'cause': group.cause})}",
+                "note_subject": f"parked:{group.key}",
+                "notes": notes.get(f"parked:{group.key}"),
             }
             for group in groups
         ]
@@ -137,6 +140,8 @@ class OutboxConsoleViews(_Base):
             "can_retry": self.has_retry_permission(request),
             "can_discard": self.has_discard_permission(request),
             "action_max_rows": self.action_max_rows,
+            "can_note": self.has_view_permission(request),
+            "note_back": request.get_full_path(),
         }
         return TemplateResponse(request, "admin/notifications/notification/parked_groups.html", context)
 
