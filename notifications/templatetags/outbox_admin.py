@@ -154,3 +154,12 @@ def outbox_status_line(context: template.Context, kpis: dict[str, Any] | None) -
     if kpis is None or request is None or not request.user.has_perm("notifications.view_notification"):
         return None
     return status_line_compute(kpis=kpis)
+
+
+@register.simple_tag
+def outbox_matches(changelist: Any) -> Any:
+    """The outbox page's matches counted by site and by list (notifications.console), following
+    its filters and search."""
+    from notifications.console import matches_by_site_and_list
+
+    return matches_by_site_and_list(changelist.queryset)

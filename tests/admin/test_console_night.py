@@ -172,3 +172,25 @@ def test_notes_on_an_open_channel_and_a_parked_group_are_kept_with_who_and_when(
         assert row.acknowledged_at is None and row.acknowledged_by == ""
     bad = client.post(NOTES, {"subject": "anything goes", "text": "x", "next": PARKED})
     assert bad.status_code == 302 and IncidentNote.objects.count() == 3
+
+
+def test_counts_beside_the_filters_follow_the_filters_and_the_search(client, worker):
+    for site in ("plant-a", "plant-a", "plant-b"):
+        make_notification(status=Status.PARKED, source_site_id=site, list_name="Line-3", subject="Pump tripped")
+    make_notification(status=Status.DELIVERED, source_site_id="plant-c", list_name="Boilers", subject="Pump ok")
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    matches = client.get(OUTBOX, {"status": "Parked"}).context["matches"]
+    assert (matches.total, matches.sites, matches.lists) == (3, [("plant-a", 2), ("plant-b", 1)], [("Line-3", 3)])
+    response = client.get(OUTBOX, {"q": "ok"})
+    assert response.context["matches"].lists == [("Boilers", 1)]
+    assert "Matches: 1</h2>" in response.content.decode()
+
+
+def test_matches_are_capped(db, monkeypatch):
+    from notifications import console
+
+    monkeypatch.setattr(console, "MATCHES_READ_MAX", 2)
+    for _ in range(3):
+        make_notification()
+    matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"))
+    assert (matches.total, matches.capped, matches.sites) == (2, True, [("plant-a", 2)])
