@@ -111,7 +111,9 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
         range_name = "24h"
     label = RANGE_LABELS[range_name]
     trends = trends_compute(range_name=range_name)
-    hours = trends.hour_starts()
+    # The hours in the console's chosen zone (the counts are per UTC hour, which is a whole
+    # hour in every zone of whole-hour offset; a half-hour zone shows its labels at :30).
+    hours = [timezone.localtime(hour) for hour in trends.hour_starts()]
 
     def sparks(series: Any) -> list[tuple[str, int, str]]:
         return [
@@ -122,6 +124,7 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
     return {
         "range_name": range_name,
         "range_label": label,
+        "zone": timezone.get_current_timezone_name(),
         "ranges": list(RANGE_LABELS.items()),
         "charts": [
             (

@@ -194,3 +194,12 @@ def test_matches_are_capped(db, monkeypatch):
         make_notification()
     matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"))
     assert (matches.total, matches.capped, matches.sites) == (2, True, [("plant-a", 2)])
+
+
+def test_the_trends_follow_the_chosen_time_zone(client, worker):
+    make_notification(status=Status.DELIVERED)
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    assert "(per hour, UTC)" in client.get(reverse("admin:index")).content.decode()
+    client.cookies["outbox_tz"] = "Asia/Tokyo"
+    page = client.get(reverse("admin:index")).content.decode()
+    assert "(per hour, Asia/Tokyo)" in page and " JST: " in page
