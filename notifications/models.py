@@ -16,7 +16,7 @@ from notifications.channel_targets import apprise_url_masked, url_masked
 from notifications.db import ClaimIndex
 from notifications.fields import EncryptedTextField
 from notifications.secret_binding import secrets_bind_changed, teams_url_digest
-from notifications.vocabulary import TYPE_CHOICES, FailureClass
+from notifications.vocabulary import TYPE_CHOICES, FailureClass, FailureCode
 
 
 class NotificationStatus(models.TextChoices):
@@ -114,6 +114,9 @@ class Notification(models.Model):
     # they never count against the policy's max_attempts.
     channel_failures = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.TextField(blank=True)
+    # The stable name of the last failure when it has one (vocabulary.FailureCode), so that
+    # the console recognises it whatever the wording of last_error.
+    failure_code = models.CharField(max_length=32, choices=FailureCode.choices, blank=True, default="", db_default="")
     # One entry per target with its outcome (notifications.vocabulary.TargetOutcome): who
     # has it, who refused it for good, who is still owed it (retried) and who may have it.
     resolved_targets = models.JSONField(default=list, blank=True)
@@ -243,6 +246,12 @@ class Notification(models.Model):
                 fields=["held_for_digest"],
                 name="notif_held_idx",
                 condition=models.Q(held_for_digest__isnull=False),
+            ),
+            # Parked rows with a stable failure code (the console's "the list exists now").
+            models.Index(
+                fields=["failure_code", "list_name"],
+                name="notif_parked_code_idx",
+                condition=models.Q(status=NotificationStatus.PARKED) & ~models.Q(failure_code=""),
             ),
             # The unacknowledged ones (the console's tile, the gauge), newest first.
             models.Index(
@@ -1053,3 +1062,21 @@ class FloodWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.site} {self.list_name} {self.type}: {self.count} until {self.ends_at:%H:%M:%S}"
+
+
+class IncidentNote(models.Model):
+    """An operator's note on an open channel or a group of parked rows ("relay team called, ETA
+    04:00"), for the next shift: who wrote it and when. Notes are kept (never edited), newest
+    first. A note is not an acknowledgement: it changes no notification."""
+
+    # What the note is about: "channel:<name>" or "parked:<cause key>" (console.cause_key).
+    subject = models.CharField(max_length=100)
+    text = models.TextField(max_length=2000)
+    author = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["subject", "-created_at"], name="incident_note_subject_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} {self.created_at:%Y-%m-%d %H:%M} {self.author}"

@@ -11,6 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_email
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -24,6 +25,7 @@ from notifications.list_names import list_name_normalize, list_name_problem, not
 from notifications.list_tools import (
     TEST_SUBJECT_PREFIX,
     TestNotificationError,
+    address_pasted,
     addresses_parse,
     list_add_addresses,
     list_recipients_preview,
@@ -145,9 +147,32 @@ class NotificationListForm(forms.ModelForm):
 
 
 class TestNotificationForm(forms.Form):
+    """``channels``: the channels the list has targets on, the only ones offered."""
+
     channel = forms.ChoiceField(choices=[(name, name) for name in sorted(ADAPTER_PATHS)])
     subject = forms.CharField(max_length=200, help_text=f"Sent with “{TEST_SUBJECT_PREFIX.strip()}” in front.")
     body = forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "cols": 60}), max_length=10_000)
+
+    def __init__(self, *args: Any, channels: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["channel"].choices = [(name, name) for name in channels]  # type: ignore[attr-defined]
+        self.fields["channel"].help_text = "Only the channels this list has recipients or targets on."
+
+
+class EmailRecipientForm(forms.ModelForm):
+    # A CharField first: "Robert Ito <r.ito@example.com>" pasted from a mail program is
+    # reduced to its address before the address is checked.
+    email = forms.CharField(max_length=400, required=False)
+
+    class Meta:
+        model = EmailRecipient
+        fields = ("email",)
+
+    def clean_email(self) -> str:
+        address = address_pasted(self.cleaned_data.get("email") or "")
+        if address:
+            validate_email(address)
+        return address
 
 
 class EmailRecipientFormSet(forms.BaseInlineFormSet):
@@ -179,6 +204,7 @@ class EmailRecipientFormSet(forms.BaseInlineFormSet):
 
 class EmailRecipientInline(admin.TabularInline):
     model = EmailRecipient
+    form = EmailRecipientForm
     formset = EmailRecipientFormSet
     extra = 1
     fields = ("email",)
@@ -254,8 +280,11 @@ class NotificationListAdmin(SecretsUndecryptableExplained):
         notification_list = self.get_object(request, unquote(object_id))
         if notification_list is None:
             return missing_object_redirect(self, request, object_id)
+        channels = [
+            entry.channel for entry in list_recipients_preview(notification_list=notification_list) if entry.targets
+        ]
         if request.method == "POST":
-            form = TestNotificationForm(request.POST)
+            form = TestNotificationForm(request.POST, channels=channels)
             if form.is_valid():
                 try:
                     notification_id = list_send_test(
@@ -275,15 +304,20 @@ class NotificationListAdmin(SecretsUndecryptableExplained):
                     )
         else:
             form = TestNotificationForm(
+                channels=channels,
                 initial={
-                    "channel": "email",
+                    "channel": "email" if "email" in channels else next(iter(channels), ""),
                     "subject": f"Test notification to {notification_list.name}",
                     "body": f"This is a test notification to the list {notification_list.name}, sent from the "
                     f"Outbox console by {request.user.get_username()}. No action is needed.",
-                }
+                },
             )
         context = self._list_context(
-            request, notification_list, f"Send a test notification to “{notification_list.name}”", form=form
+            request,
+            notification_list,
+            f"Send a test notification to “{notification_list.name}”",
+            form=form,
+            channels=channels,
         )
         return TemplateResponse(request, "admin/notifications/notificationlist/send_test.html", context)
 

@@ -48,8 +48,8 @@ from notifications.admin.filters import (
 )
 from notifications.admin.outbox_views import OutboxConsoleViews, redrive_link
 from notifications.admin.silences import flood_report_page, silence_links
-from notifications.console import parked_for_lists_now_existing, retried_at
-from notifications.console_time import console_time
+from notifications.console import error_specific, parked_for_lists_now_existing, retried_at
+from notifications.console_time import console_time, console_time_short
 from notifications.email_preview import EmailPreview, email_preview_build, type_data_shorten
 from notifications.kpis import kpis_compute
 from notifications.models import DeliveryAttempt, Notification
@@ -261,7 +261,6 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
         "subject_column",
         "site_column",
         "created_column",
-        "retries_column",
         "last_error_excerpt",
     )
     list_display_links = ("short_id",)
@@ -281,8 +280,8 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
     )
     search_fields = ("subject",)
     search_help_text = (
-        "Every word must occur in the subject, list, last error, source instance or script; "
-        "an id prefix (6+ hex digits, like the 8 in the id column) or a full id finds by id."
+        "Press / to search. Every word must occur in the subject, list, last error, source instance or script; "
+        "an id prefix (6+ hex digits) or a full id finds by id."
     )
     action_max_rows = ACTION_MAX_ROWS
     # The orders with an index behind them: creation, and priority (then creation).
@@ -460,7 +459,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
 
     @admin.display(description="subject")
     def subject_column(self, obj: Notification) -> str:
-        return clipped(obj.subject, 30)
+        return clipped(obj.subject, 60)
 
     @admin.display(description="site")
     def site_column(self, obj: Notification) -> str:
@@ -476,7 +475,14 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
 
     @admin.display(description="last error")
     def last_error_excerpt(self, obj: Notification) -> str:
-        return clipped(" ".join(obj.last_error.split()), 24, limit=2000)
+        # A row waiting on an open channel says so (its own last error is older news).
+        waiting = getattr(self, "_open_channels", {}).get(obj.type)
+        if waiting is not None and obj.status in Notification.NON_TERMINAL:
+            return format_html('<span class="outbox-waiting">{}</span>', waiting)
+        text = " ".join(error_specific(obj.last_error).split())
+        if obj.retry_count:
+            text = f"{text} ({obj.retry_count} attempt{'s' if obj.retry_count != 1 else ''})" if text else ""
+        return clipped(text, 30, limit=2000)
 
     # --- detail fields
 
@@ -582,9 +588,16 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
     # --- page context
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        kpis = kpis_compute()
+        # Per request, like the other admins' per-page caches: the open channels' words for rows waiting on them.
+        self._open_channels = {
+            channel["channel"]: f"waiting for {channel['channel']} (open since "
+            f"{console_time_short(channel['since'])}, {channel['rows_waiting']:,} waiting)"
+            for channel in kpis["channels"]
+        }
         extra_context = {
             **(extra_context or {}),
-            "outbox_kpis": kpis_compute(),
+            "outbox_kpis": kpis,
             "zone_name": timezone.get_current_timezone_name(),
             "export_query": request.GET.urlencode(),
             "lists_now_existing": parked_for_lists_now_existing(),
@@ -627,6 +640,8 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
             "export": self.export_view,
             "timezone": self.timezone_view,
             "flood": self.flood_report_view,
+            "channel": self.channel_breakdown_view,
+            "notes": self.incident_note_add_view,
         }
         views = {
             "retry": self.retry_view,

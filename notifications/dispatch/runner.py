@@ -49,7 +49,7 @@ from notifications.local_delivery import notifications_settle_delivered_locally
 from notifications.models import Notification
 from notifications.policies import delivery_policy_default
 from notifications.suppression import digests_flush
-from notifications.vocabulary import CHANNEL_FAILURES, HEALTHY_FAILURES, FailureClass
+from notifications.vocabulary import CHANNEL_FAILURES, HEALTHY_FAILURES, FailureClass, FailureCode
 
 # The dispatcher logs under one name, whichever of its modules writes.
 logger = logging.getLogger(__package__)
@@ -484,10 +484,10 @@ def _targets_or_error(
     if row.list_name not in resolved:
         # An unknown list cannot be guessed: fail closed.
         error = f"Unknown notification list {row.list_name!r}."
-        return [], DeliveryError(error, failure_class=FailureClass.CONFIGURATION)
+        return [], DeliveryError(error, failure_class=FailureClass.CONFIGURATION, code=FailureCode.UNKNOWN_LIST)
     if not resolved[row.list_name]:
         error = f"Notification list {row.list_name!r} has no {row.type} recipients."
-        return [], DeliveryError(error, failure_class=FailureClass.CONFIGURATION)
+        return [], DeliveryError(error, failure_class=FailureClass.CONFIGURATION, code=FailureCode.NO_RECIPIENTS)
     return resolved[row.list_name], None
 
 
