@@ -23,7 +23,8 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from notifications.counts import counts_kept, hourly_counts
-from notifications.models import Notification, NotificationPriority
+from notifications.models import MaintenanceWindow, Notification, NotificationPriority, Silence
+from notifications.suppression import maintenance_window_covers
 from notifications.workers import workers_silence
 from sites.models import Watchdog
 from sites.services import sites_kpis
@@ -60,6 +61,18 @@ class StatusInputs:
     now: datetime
 
 
+@dataclass(frozen=True)
+class Quiet:
+    """A silence or maintenance window in force now, shown beside the line so that nobody forgets
+    one: what it covers, who set it and why, until when."""
+
+    what: str
+    who: str
+    why: str
+    until: datetime | None
+    link: str
+
+
 @dataclass
 class StatusLine:
     state: str
@@ -67,6 +80,7 @@ class StatusLine:
     next_step: str
     link: str
     findings: list[Finding] = field(default_factory=list)
+    quiet: list[Quiet] = field(default_factory=list)
 
     @property
     def word(self) -> str:
@@ -238,12 +252,41 @@ STATUS_CHECKS: list[Callable[[StatusInputs], list[Finding]]] = [
 ]
 
 
+def quiet_now(now: datetime) -> list[Quiet]:
+    """The silences and maintenance windows in force at ``now`` (a small table each: silences by
+    their end, every window judged in its own time zone)."""
+    quiet = [
+        Quiet(
+            what=str(silence).split(" until ")[0].capitalize(),
+            who=silence.created_by,
+            why=silence.reason,
+            until=silence.ends_at,
+            link=reverse("admin:notifications_silence_change", args=[silence.pk]),
+        )
+        for silence in Silence.objects.filter(starts_at__lte=now, ends_at__gt=now).order_by("ends_at")[:20]
+    ]
+    quiet += [
+        Quiet(
+            what=f"Maintenance window of {window.site} ({window})",
+            who="",
+            why=window.reason,
+            until=None,
+            link=reverse("admin:notifications_maintenancewindow_change", args=[window.pk]),
+        )
+        for window in MaintenanceWindow.objects.all()
+        if maintenance_window_covers(window, now)
+    ]
+    return quiet
+
+
 def status_line_compute(*, kpis: dict[str, Any], now: datetime | None = None) -> StatusLine:
-    """The status line from ``kpis`` (kpis_compute's answer) and :data:`STATUS_CHECKS`."""
+    """The status line from ``kpis`` (kpis_compute's answer) and :data:`STATUS_CHECKS`, with the
+    silences and maintenance windows in force beside it."""
     inputs = StatusInputs(kpis=kpis, now=now or timezone.now())
     findings = [finding for check in STATUS_CHECKS for finding in check(inputs)]
+    quiet = quiet_now(inputs.now)
     if not findings:
-        return StatusLine(state=OK, since=None, next_step="Nothing to do.", link="", findings=[])
+        return StatusLine(state=OK, since=None, next_step="Nothing to do.", link="", findings=[], quiet=quiet)
     state = DOWN if any(finding.level == DOWN for finding in findings) else DEGRADED
     worst = [finding for finding in findings if finding.level == state]
     sinces = [finding.since for finding in worst if finding.since is not None]
@@ -253,6 +296,7 @@ def status_line_compute(*, kpis: dict[str, Any], now: datetime | None = None) ->
         next_step=worst[0].next_step,
         link=worst[0].link,
         findings=findings,
+        quiet=quiet,
     )
 
 

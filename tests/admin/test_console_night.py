@@ -11,7 +11,14 @@ from django.utils import timezone
 from notifications import status_line
 from notifications.health import channel_endpoints
 from notifications.kpis import kpis_compute
-from notifications.models import ChannelHealth, IncidentNote, Notification, WorkerProcess
+from notifications.models import (
+    ChannelHealth,
+    IncidentNote,
+    MaintenanceWindow,
+    Notification,
+    Silence,
+    WorkerProcess,
+)
 from tests.admin.conftest import make_notification, make_user
 
 Status = Notification.Status
@@ -104,6 +111,25 @@ def test_an_open_channel_while_nothing_is_delivered_is_down(worker):
 
 def test_counts_are_capped(db):
     assert status_line.capped(10_000) == "10,000" and status_line.capped(10_001) == "10,000+"
+
+
+def test_silences_and_maintenance_windows_in_force_are_shown_beside_the_line_and_ended_ones_are_not(client, worker):
+    now = timezone.now()
+    Silence.objects.create(site="plant-b", ends_at=now + timedelta(hours=2), reason="pump overhaul", created_by="alice")
+    Silence.objects.create(
+        site="plant-c", starts_at=now - timedelta(hours=3), ends_at=now - timedelta(hours=1), reason="done"
+    )
+    start = (now - timedelta(hours=1)).time().replace(microsecond=0)
+    end = (now + timedelta(hours=1)).time().replace(microsecond=0)
+    MaintenanceWindow.objects.create(site="plant-d", days=list(range(7)), starts=start, ends=end, reason="weekly test")
+
+    line = compute()
+    assert line.state == "ok"
+    assert [(item.who, item.why) for item in line.quiet] == [("alice", "pump overhaul"), ("", "weekly test")]
+    assert "plant-b" in line.quiet[0].what and "plant-d" in line.quiet[1].what
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    content = client.get(OUTBOX).content.decode()
+    assert 'id="outbox-status-quiet"' in content and "pump overhaul" in content and "plant-c" not in content
 
 
 def test_the_status_line_is_on_the_dashboard_and_the_outbox_page(client, worker):
