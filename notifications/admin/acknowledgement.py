@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString
 
 from notifications import acknowledgement
 from notifications.admin.common import missing_object_redirect
+from notifications.console_time import console_time
 from notifications.models import AcknowledgedVia, Notification
 from notifications.timeline import notification_timeline
 
@@ -45,7 +46,7 @@ class AcknowledgementAdmin(admin.ModelAdmin):
     def timeline_display(self, obj: Notification) -> SafeString:
         rows = []
         for event in notification_timeline(obj):
-            when = event.at.strftime("%Y-%m-%d %H:%M:%S UTC") if event.at else "—"
+            when = console_time(event.at)  # in the console's chosen zone, as every timestamp
             text: SafeString | str = event.text
             if event.notification_id:
                 text = format_html('{} (<a href="{}">open</a>)', event.text, _change_url(event.notification_id))
@@ -66,14 +67,14 @@ class AcknowledgementAdmin(admin.ModelAdmin):
         if obj.acknowledged_at is None:
             return "Asked for; not acknowledged yet" if obj.asks_ack else "Not asked for; not acknowledged"
         via = AcknowledgedVia(obj.acknowledged_via).label if obj.acknowledged_via in AcknowledgedVia.values else ""
-        text = f"By {obj.acknowledged_by} via {via} at {obj.acknowledged_at:%Y-%m-%d %H:%M:%S} UTC"
+        text = f"By {obj.acknowledged_by} via {via} at {console_time(obj.acknowledged_at)}"
         return text + (f". Note: {obj.acknowledged_note}" if obj.acknowledged_note else "")
 
     @admin.display(description="cleared")
     def cleared_display(self, obj: Notification) -> str:
         if obj.cleared_at is None:
             return "—"
-        text = f"At {obj.cleared_at:%Y-%m-%d %H:%M:%S} UTC: the alarm returned to normal at the site"
+        text = f"At {console_time(obj.cleared_at)}: the alarm returned to normal at the site"
         return text + (f". Note: {obj.cleared_note}" if obj.cleared_note else "")
 
     def acknowledge_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
@@ -98,7 +99,7 @@ class AcknowledgementAdmin(admin.ModelAdmin):
                 row = outcome.notification
                 self.message_user(
                     request,
-                    f"Already acknowledged by {row.acknowledged_by} at {row.acknowledged_at:%Y-%m-%d %H:%M:%S} UTC.",
+                    f"Already acknowledged by {row.acknowledged_by} at {console_time(row.acknowledged_at)}.",
                     messages.WARNING,
                 )
             return HttpResponseRedirect(_change_url(obj.pk))

@@ -372,3 +372,25 @@ def test_an_acknowledgement_chosen_as_a_deadlock_victim_is_run_again_and_succeed
     assert seen["dispatcher"] == "committed"  # the acknowledgement was the victim, and was run again
     stored = reload(parent)
     assert stored.acknowledged_via == "sms" and stored.last_error == "finishing"
+
+
+def test_the_acknowledged_signal_is_sent_once_per_family_after_the_commit_with_the_parent(
+    parent_and_children, django_capture_on_commit_callbacks
+):
+    parent, (step1, step2) = parent_and_children
+    received = []
+
+    def receiver(sender, notification, **kwargs):
+        received.append(notification.pk)
+
+    acknowledgement.notification_acknowledged.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            acknowledgement.acknowledge(step1.pk, via="sms", by="+4915112345678")
+            assert received == []  # not before the commit
+        assert len(callbacks) == 1 and received == [parent.pk]
+        with django_capture_on_commit_callbacks(execute=True):
+            acknowledgement.acknowledge(step2.pk, via="link", by="Jane")
+        assert received == [parent.pk]
+    finally:
+        acknowledgement.notification_acknowledged.disconnect(receiver)

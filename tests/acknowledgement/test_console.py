@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from notifications.models import DeliveryAttempt, Notification
 from tests.admin.conftest import make_notification, make_user
-from tests.admin.test_browser import browser, log_in, page  # noqa: F401 - the browser fixtures
+from tests.admin.test_browser import ARTIFACTS, browser, log_in, page  # noqa: F401 - the browser fixtures
 
 OUTBOX = reverse("admin:notifications_notification_changelist")
 
@@ -145,6 +145,8 @@ def test_in_a_browser_an_operator_acknowledges_from_the_notification_page(page, 
     page.wait_for_selector("ul.messagelist li.success")
     assert "Acknowledged." in page.locator("ul.messagelist").inner_text()
     assert "Acknowledged by olivia via the console" in page.locator("#timeline").inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#timeline").screenshot(path=str(ARTIFACTS / "console-notification-history.png"))
     assert page.locator("#acknowledge-link").count() == 0
     assert Notification.objects.get(pk=row.pk).acknowledged_note == "on my way"
 
@@ -164,13 +166,63 @@ def test_on_a_phone_the_link_page_fits_the_screen_and_its_button_acknowledges(br
         button = phone.locator("#acknowledge")
         assert button.is_visible() and button.bounding_box()["height"] >= 44  # a thumb-sized target
         assert Notification.objects.get(pk=row.pk).acknowledged_at is None  # opening it changed nothing
+        ARTIFACTS.mkdir(exist_ok=True)
+        phone.screenshot(path=str(ARTIFACTS / "ack-page-phone.png"), full_page=True)
         phone.fill("input[name=name]", "Jane Doe")
         with phone.expect_navigation() as navigation:
             button.tap()  # a real browser's POST: its Origin and cookie pass the CSRF check
         assert navigation.value is not None and navigation.value.status == 200
         phone.wait_for_selector("#ack-outcome")
+        phone.screenshot(path=str(ARTIFACTS / "ack-page-phone-done.png"), full_page=True)
         assert "Acknowledged" in phone.locator("#ack-outcome").inner_text()
     finally:
         context.close()
     stored = Notification.objects.get(pk=row.pk)
     assert (stored.acknowledged_by, stored.acknowledged_via) == ("Jane Doe", "link")
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_link_pages_and_the_acknowledge_form_have_no_serious_accessibility_violations(
+    browser,  # noqa: F811
+    live_server,
+    theme,
+):
+    import json
+
+    from notifications.ack_links import ack_token_make
+    from tests.admin.test_accessibility import axe_serious
+
+    operator = make_user("olivia", groups=["Operators"])
+    waiting = make_notification(asks_ack=True, priority=Notification.Priority.CRITICAL, subject="Gas detector fault")
+    done = make_notification(
+        asks_ack=True, acknowledged_at=timezone.now(), acknowledged_by="Jane Doe", acknowledged_via="link"
+    )
+    # The link pages on a phone; the console (built for 1280 px and wider) on a desktop screen.
+    screens = {
+        (390, 844): {
+            "ack-confirm": f"/ack/{ack_token_make(notification_id=waiting.pk)}/",
+            "ack-done": f"/ack/{ack_token_make(notification_id=done.pk)}/",
+            "ack-invalid": "/ack/not-a-token/",
+        },
+        (1440, 900): {
+            "console-notification": change_url(waiting),
+            "console-acknowledge": reverse("admin:notifications_notification_acknowledge", args=[waiting.pk]),
+        },
+    }
+    found = {}
+    for (width, height), pages in screens.items():
+        context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=theme, bypass_csp=True)
+        context.set_default_timeout(15_000)
+        tab = context.new_page()
+        try:
+            log_in(tab, live_server, operator)
+            for name, url in pages.items():
+                tab.goto(f"{live_server.url}{url}")
+                violations = axe_serious(tab)
+                if violations:
+                    found[name] = violations
+        finally:
+            context.close()
+    assert found == {}, json.dumps(found, indent=2)

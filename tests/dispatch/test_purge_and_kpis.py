@@ -257,6 +257,9 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
         "suppressed_last_interval": 0,
         "held_for_digest": 0,
         "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 4, "low": 0},
+        "unacknowledged": 0,  # none asks for acknowledgement
+        "unacknowledged_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "time_to_ack": {"per_list": {}, "per_site": {}},
     }
     assert kpis["per_site"] == {
         "plant-a": {
@@ -270,6 +273,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "suppressed_last_interval": 0,
             "held_for_digest": 0,
             "oldest_pending_age_seconds": 1800.0,
+            "unacknowledged": 0,
+            "time_to_ack": None,
         },
         "plant-b": {
             "queue_depth": 1,
@@ -282,6 +287,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "suppressed_last_interval": 0,
             "held_for_digest": 0,
             "oldest_pending_age_seconds": 660.0,
+            "unacknowledged": 0,
+            "time_to_ack": None,
         },
     }
     assert kpis["channels"] == []
@@ -333,6 +340,9 @@ def test_kpis_of_an_empty_table_have_no_oldest_age(db):
         "suppressed_last_interval": 0,
         "held_for_digest": 0,
         "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "unacknowledged": 0,
+        "unacknowledged_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "time_to_ack": {"per_list": {}, "per_site": {}},
     }
     assert kpis["per_site"] == {}
     assert kpis["channels"] == []
@@ -342,9 +352,10 @@ def test_kpis_take_a_few_queries_while_every_channel_is_healthy(crafted, django_
     # PostgreSQL, from the kept counts (notifications.counts): the two folds, the open figures, the
     # stuck figure, the oldest queued per site. SQLite: one statement over the open rows. Then
     # the delivered rows (two halves of one statement), failures by class, channel health; the
-    # waiting rows by site, channel and list with the lists they name (deliveries), and the
-    # waiting rows by priority.
-    expected = 12 if connection.vendor == "postgresql" else 8  # one for the suppression figures
+    # waiting rows by site, channel and list with the lists they name (deliveries), the
+    # waiting rows by priority; the unacknowledged rows and the acknowledgements of the interval;
+    # the suppressed and held rows.
+    expected = 14 if connection.vendor == "postgresql" else 10
     with django_assert_num_queries(expected):
         kpis_compute()
 
