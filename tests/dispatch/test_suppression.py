@@ -486,3 +486,16 @@ def test_a_mixed_flood_reconciles_every_row_with_the_emails_received(
     anchors = [r for r in rows if r.dedup_key and not r.suppressed_by.startswith("duplicate:")]
     assert sum(r.occurrences for r in anchors) == sum(1 for r in rows if r.dedup_key)  # each counted once
     assert by_id[str(released.pk)].status == Status.DELIVERED
+
+
+def test_a_batch_with_replays_counts_each_new_duplicate_once(api, smtp_config):
+    list_settings(dedup_window_seconds=3600)
+    first = make_payload(dedup_key="k")
+    assert post(api, first).status_code == 201
+    again = make_payload(dedup_key="k")
+    response = post(api, {"notifications": [first, again, again, make_payload(dedup_key="k")]}, BATCH_URL)
+    results = [item["result"] for item in response.json()["results"]]
+    assert results == ["replayed", "created", "replayed", "created"]
+    anchor = row({"notification_id": first["notification_id"]})
+    assert anchor.occurrences == 3  # itself and the two new ones, not the replays
+    assert Notification.objects.filter(suppressed_by=f"duplicate:{anchor.pk}").count() == 2
