@@ -499,3 +499,19 @@ def test_a_batch_with_replays_counts_each_new_duplicate_once(api, smtp_config):
     anchor = row({"notification_id": first["notification_id"]})
     assert anchor.occurrences == 3  # itself and the two new ones, not the replays
     assert Notification.objects.filter(suppressed_by=f"duplicate:{anchor.pk}").count() == 2
+
+
+def test_a_batch_whose_key_changes_anchor_midway_counts_both_anchors(api, smtp_config):
+    list_settings(dedup_window_seconds=3600)
+    first = send(api, dedup_key="k")
+    batch = [
+        make_payload(dedup_key="k"),  # a duplicate of the first
+        make_payload(dedup_key="k", priority="critical"),  # breaks through: the new anchor
+        make_payload(dedup_key="k", priority="critical"),  # a duplicate of the critical one
+        make_payload(dedup_key="k"),  # and so is this one (not higher than critical)
+    ]
+    send_batch(api, batch)
+    critical = row({"notification_id": batch[1]["notification_id"]})
+    assert critical.status == Status.PENDING
+    assert row(first).occurrences == 2
+    assert critical.occurrences == 3
