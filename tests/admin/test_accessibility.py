@@ -58,6 +58,9 @@ def main_pages(data):
         ("smtp", reverse("admin:notifications_smtpconfiguration_change", args=[smtp.pk])),
         ("sites", reverse("admin:sites_site_changelist")),
         ("site", reverse("admin:sites_site_change", args=[data["site"].pk])),
+        ("flood-report", reverse("admin:notifications_notification_flood")),
+        ("silences", reverse("admin:notifications_silence_changelist")),
+        ("silence-add", reverse("admin:notifications_silence_add") + "?site=plant-a&preset=2h"),
     ]
 
 
