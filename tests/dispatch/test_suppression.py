@@ -515,3 +515,24 @@ def test_a_batch_whose_key_changes_anchor_midway_counts_both_anchors(api, smtp_c
     assert critical.status == Status.PENDING
     assert row(first).occurrences == 2
     assert critical.occurrences == 3
+
+
+def test_releasing_a_row_a_digest_carried_delivers_it_singly_and_the_digest_keeps_its_record(
+    api, operator_api, smtp_server, smtp_config
+):
+    list_settings(flood_threshold=1, flood_window_seconds=600)
+    send(api)
+    held = [send(api) for _ in range(2)]
+    drain()
+    end_window_now()
+    drain()
+    digest = Notification.objects.get(source_script="flood digest")
+    body_before = digest.body
+    assert operator_api.post(f"{URL}{held[0]['notification_id']}/release/").status_code == 200
+    drain()
+    released = row(held[0])
+    assert released.status == Status.DELIVERED
+    assert released.suppressed_by == f"digest:{digest.pk}"  # the audit of why it had been held back
+    digest.refresh_from_db()
+    assert (digest.status, digest.body) == (Status.DELIVERED, body_before)
+    assert smtp_server.count == 3  # the first single, the digest, the released one
