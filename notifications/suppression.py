@@ -281,7 +281,8 @@ class _ListDecisions:
         self.site_id = site_id
         self.rules = rules
         self.now = now
-        self.anchors: dict[str, _Anchor | None] = {}
+        self.anchors: dict[str, _Anchor | None] = {}  # the current anchor of each key
+        self.counting: list[_Anchor] = []  # every anchor a row was counted to (a key's may change)
         self.windows: dict[str, FloodWindow] = {}
         # Per row decided: the anchor it was counted to and the window it was counted in.
         self.counted: dict[Any, tuple[_Anchor | None, FloodWindow | None]] = {}
@@ -303,6 +304,8 @@ class _ListDecisions:
         inside = anchor is not None and anchor.open and anchor.created_at > self.now - window
         if anchor is not None and inside and row["priority"] <= anchor.priority:
             _suppress(row, f"duplicate:{anchor.notification_id}")
+            if not anchor.duplicates:
+                self.counting.append(anchor)
             anchor.duplicates += 1
             self.counted[row["notification_id"]] = (anchor, None)
             return True
@@ -340,8 +343,8 @@ class _ListDecisions:
                 window.count -= 1
         for window in self.windows.values():
             window.save()
-        for anchor in self.anchors.values():
-            if anchor is not None and anchor.duplicates:
+        for anchor in self.counting:
+            if anchor.duplicates:
                 Notification.objects.filter(pk=anchor.notification_id).update(
                     occurrences=F("occurrences") + anchor.duplicates, last_occurrence_at=self.now
                 )

@@ -80,6 +80,14 @@ class SilenceForm(forms.ModelForm):
         model = Silence
         fields = (*SILENCE_MATCHERS, "starts_at", "ends_at", "reason", "include_high", "include_critical")
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The admin's split date and time inputs have no label of their own: name each one.
+        for name, words in (("starts_at", "starts"), ("ends_at", "ends")):
+            parts = getattr(self.fields[name].widget, "widgets", [])
+            for part, unit in zip(parts, ("date", "time"), strict=False):
+                part.attrs.setdefault("aria-label", f"{words}: {unit}")
+
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         starts_at, ends_at = cleaned.get("starts_at"), cleaned.get("ends_at")

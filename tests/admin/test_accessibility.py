@@ -72,6 +72,9 @@ def main_pages(data):
         ("channel-breakdown", reverse("admin:notifications_notification_channel") + "?channel=email"),
         ("policies", reverse("admin:notifications_deliverypolicy_changelist")),
         ("policy-add", reverse("admin:notifications_deliverypolicy_add") + "?channel=webhook"),
+        ("flood-report", reverse("admin:notifications_notification_flood")),
+        ("silences", reverse("admin:notifications_silence_changelist")),
+        ("silence-add", reverse("admin:notifications_silence_add") + "?site=plant-a&preset=2h"),
     ]
 
 

@@ -486,3 +486,53 @@ def test_a_mixed_flood_reconciles_every_row_with_the_emails_received(
     anchors = [r for r in rows if r.dedup_key and not r.suppressed_by.startswith("duplicate:")]
     assert sum(r.occurrences for r in anchors) == sum(1 for r in rows if r.dedup_key)  # each counted once
     assert by_id[str(released.pk)].status == Status.DELIVERED
+
+
+def test_a_batch_with_replays_counts_each_new_duplicate_once(api, smtp_config):
+    list_settings(dedup_window_seconds=3600)
+    first = make_payload(dedup_key="k")
+    assert post(api, first).status_code == 201
+    again = make_payload(dedup_key="k")
+    response = post(api, {"notifications": [first, again, again, make_payload(dedup_key="k")]}, BATCH_URL)
+    results = [item["result"] for item in response.json()["results"]]
+    assert results == ["replayed", "created", "replayed", "created"]
+    anchor = row({"notification_id": first["notification_id"]})
+    assert anchor.occurrences == 3  # itself and the two new ones, not the replays
+    assert Notification.objects.filter(suppressed_by=f"duplicate:{anchor.pk}").count() == 2
+
+
+def test_a_batch_whose_key_changes_anchor_midway_counts_both_anchors(api, smtp_config):
+    list_settings(dedup_window_seconds=3600)
+    first = send(api, dedup_key="k")
+    batch = [
+        make_payload(dedup_key="k"),  # a duplicate of the first
+        make_payload(dedup_key="k", priority="critical"),  # breaks through: the new anchor
+        make_payload(dedup_key="k", priority="critical"),  # a duplicate of the critical one
+        make_payload(dedup_key="k"),  # and so is this one (not higher than critical)
+    ]
+    send_batch(api, batch)
+    critical = row({"notification_id": batch[1]["notification_id"]})
+    assert critical.status == Status.PENDING
+    assert row(first).occurrences == 2
+    assert critical.occurrences == 3
+
+
+def test_releasing_a_row_a_digest_carried_delivers_it_singly_and_the_digest_keeps_its_record(
+    api, operator_api, smtp_server, smtp_config
+):
+    list_settings(flood_threshold=1, flood_window_seconds=600)
+    send(api)
+    held = [send(api) for _ in range(2)]
+    drain()
+    end_window_now()
+    drain()
+    digest = Notification.objects.get(source_script="flood digest")
+    body_before = digest.body
+    assert operator_api.post(f"{URL}{held[0]['notification_id']}/release/").status_code == 200
+    drain()
+    released = row(held[0])
+    assert released.status == Status.DELIVERED
+    assert released.suppressed_by == f"digest:{digest.pk}"  # the audit of why it had been held back
+    digest.refresh_from_db()
+    assert (digest.status, digest.body) == (Status.DELIVERED, body_before)
+    assert smtp_server.count == 3  # the first single, the digest, the released one
