@@ -66,8 +66,10 @@ def _recipient(token: AckToken, notification: Notification) -> str:
 
 def _page(request: HttpRequest, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
     response = render(request, f"ack/{template}", context, status=status)
-    # The token is in this page's URL: never sent onwards as a Referer, never kept by a cache.
-    response["Referrer-Policy"] = "no-referrer"
+    # The token is in this page's URL: never sent to another site as a Referer, never kept by a
+    # cache. (Not "no-referrer": browsers then send "Origin: null" with the form, which Django's
+    # CSRF check rightly refuses; to this server the Referer is redacted in the logs.)
+    response["Referrer-Policy"] = "same-origin"
     response["X-Robots-Tag"] = "noindex, nofollow"
     return response
 

@@ -185,8 +185,10 @@ def test_another_sites_notification_is_404_to_ack_and_clear(api):
 
 def test_a_site_sees_a_person_who_acknowledged_masked_staff_see_them_as_stored(api, db):
     row = make_notification(asks_ack=True)
-    acknowledgement.acknowledge(row.pk, via="link", by="jane.doe@example.com")
-    assert api.get(f"/api/v1/notifications/{row.pk}/").json()["acknowledged_by"] == "j***@example.com"
+    acknowledgement.acknowledge(row.pk, via="link", by="jane.doe@example.com", note="call me on +4915112345678")
+    record = api.get(f"/api/v1/notifications/{row.pk}/").json()
+    assert record["acknowledged_by"] == "j***@example.com"
+    assert record["acknowledged_note"] == "call me on +49***678"
     staff = APIClient()
     staff.credentials(HTTP_AUTHORIZATION=staff_key_header(make_user("olivia", groups=["Operators"])))
     assert staff.get(f"/api/v1/notifications/{row.pk}/").json()["acknowledged_by"] == "jane.doe@example.com"
@@ -320,3 +322,12 @@ def test_an_administrator_sets_ack_required_from_in_the_console(db):
     url = reverse("admin:notifications_notificationlist_change", args=[notification_list.pk])
     page = client.get(url).content.decode()
     assert 'name="ack_required_from"' in page
+
+
+def test_a_list_changed_in_this_process_applies_to_the_next_notification_at_once(api):
+    notification_list = NotificationList.objects.create(name="Operators", ack_required_from="critical")
+    first = api.post("/api/v1/notifications/", make_payload(priority="high"), format="json").json()
+    notification_list.ack_required_from = "high"
+    notification_list.save()
+    second = api.post("/api/v1/notifications/", make_payload(priority="high"), format="json").json()
+    assert (first["asks_ack"], second["asks_ack"]) == (False, True)

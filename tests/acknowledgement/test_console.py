@@ -147,3 +147,30 @@ def test_in_a_browser_an_operator_acknowledges_from_the_notification_page(page, 
     assert "Acknowledged by olivia via the console" in page.locator("#timeline").inner_text()
     assert page.locator("#acknowledge-link").count() == 0
     assert Notification.objects.get(pk=row.pk).acknowledged_note == "on my way"
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_on_a_phone_the_link_page_fits_the_screen_and_its_button_acknowledges(browser, live_server):  # noqa: F811
+    from notifications.ack_links import ack_token_make
+
+    row = make_notification(asks_ack=True, priority=Notification.Priority.CRITICAL, subject="Gas detector 4 fault")
+    context = browser.new_context(viewport={"width": 375, "height": 667}, is_mobile=True, has_touch=True)
+    context.set_default_timeout(15_000)
+    phone = context.new_page()
+    try:
+        phone.goto(f"{live_server.url}/ack/{ack_token_make(notification_id=row.pk)}/")
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 375  # no sideways scrolling
+        button = phone.locator("#acknowledge")
+        assert button.is_visible() and button.bounding_box()["height"] >= 44  # a thumb-sized target
+        assert Notification.objects.get(pk=row.pk).acknowledged_at is None  # opening it changed nothing
+        phone.fill("input[name=name]", "Jane Doe")
+        with phone.expect_navigation() as navigation:
+            button.tap()  # a real browser's POST: its Origin and cookie pass the CSRF check
+        assert navigation.value is not None and navigation.value.status == 200
+        phone.wait_for_selector("#ack-outcome")
+        assert "Acknowledged" in phone.locator("#ack-outcome").inner_text()
+    finally:
+        context.close()
+    stored = Notification.objects.get(pk=row.pk)
+    assert (stored.acknowledged_by, stored.acknowledged_via) == ("Jane Doe", "link")

@@ -131,7 +131,7 @@ def test_get_never_acknowledges_and_post_without_csrf_is_refused(db):
     for _ in range(3):  # a scanner opening the link, a preview, the person
         page = client.get(f"/ack/{token}/")
         assert page.status_code == 200
-        assert page["Referrer-Policy"] == "no-referrer"
+        assert page["Referrer-Policy"] == "same-origin"
         assert "no-store" in page["Cache-Control"]
     assert client.head(f"/ack/{token}/").status_code == 200
     assert fresh(row).acknowledged_at is None
