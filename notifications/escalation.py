@@ -23,6 +23,7 @@ to the next list of its own list's steps, by that step's channel.
 """
 
 import hashlib
+import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from notifications.acknowledgement import ListSettings, asks_ack
 from notifications.clock import database_now
 from notifications.list_names import list_name_key, notification_lists_by_name
 from notifications.models import Notification, NotificationList
+
+logger = logging.getLogger(__name__)
 
 # A row in one of these statuses never escalates: its due time is dropped when it falls due.
 # (Discarding also drops it at once: notifications.operations.)
@@ -224,6 +227,16 @@ def _escalate_batch(*, now: datetime, batch_size: int) -> tuple[int, int]:
         db.insert_ignoring_conflicts(Notification, children, stamped=("created_at", "next_attempt_at"))
         for due, ids in next_due.items():
             Notification.objects.filter(pk__in=ids).update(escalation_due_at=due)
+    for child in children:
+        logger.info(
+            "escalation step %s of %s: %s to %s by %s",
+            child["escalation_step"],
+            child["escalation_of"],
+            child["notification_id"],
+            child["list_name"],
+            child["type"],
+            extra={"notification_id": str(child["notification_id"]), "channel": child["type"], "outcome": "escalated"},
+        )
     return len(children), len(parents)
 
 
