@@ -83,7 +83,8 @@ def escalation_steps(notification_list: NotificationList | ListSettings | None) 
     """The list's escalation steps, numbered from 1, in order; malformed entries (the admin and
     the configuration file refuse them) end the steps there rather than guess."""
     steps: list[EscalationStep] = []
-    for number, entry in enumerate(getattr(notification_list, "escalation", None) or [], start=1):
+    entries = getattr(notification_list, "escalation", None)
+    for number, entry in enumerate(entries if isinstance(entries, list) else [], start=1):
         if not isinstance(entry, dict) or not isinstance(entry.get("after_seconds"), int):
             break
         steps.append(

@@ -336,6 +336,11 @@ def test_the_waiting_worker_takes_a_step_within_a_second_of_its_due_time(operato
     assert receiver.to("/leads")  # delivered by the pass the waiter ran
 
 
+def test_steps_stored_malformed_by_hand_mean_no_step_rather_than_an_error(db):
+    for escalation in (5, {"after_seconds": 5}, ["soon"], [{"after_seconds": "5"}]):
+        assert escalation_step(NotificationList(escalation=escalation, repeat_last_every_seconds=9), 1) is None
+
+
 def test_escalation_step_numbers_past_the_last_repeat_only_when_the_list_repeats(db):
     steps = [{"after_seconds": 5, "list": "A", "type": "sms"}]
     assert escalation_step(NotificationList(escalation=steps), 2) is None
