@@ -19,12 +19,13 @@ a few seconds later).
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import Signal, receiver
 
@@ -130,6 +131,25 @@ def _family_locked(notification_id: Any, *, site_id: str | None) -> tuple[Notifi
     return given_row, family
 
 
+DEADLOCK = "40P01"
+DEADLOCK_TRIES = 3
+
+
+def _retrying_deadlocks(work: Callable[[], AckOutcome]) -> AckOutcome:
+    """``work()`` (one transaction), run again when PostgreSQL chose it as the victim of a
+    deadlock: a dispatcher finishing a batch that holds a parent and its step in another order
+    than this family's lock may meet it. Inside an outer transaction it is run once (a deadlock
+    aborts the outer one too)."""
+    for attempt in range(1, DEADLOCK_TRIES + 1):
+        try:
+            return work()
+        except OperationalError as error:
+            deadlock = getattr(error.__cause__, "sqlstate", None) == DEADLOCK
+            if not deadlock or attempt == DEADLOCK_TRIES or connection.in_atomic_block:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _history(user: Any, rows: list[Notification], message: str) -> None:
     """An admin history entry for ``rows`` when a console or staff-API user acted; the row's own
     fields are the record of every other acknowledgement."""
@@ -158,6 +178,14 @@ def acknowledge(
     if not by:
         raise ValueError("Who acknowledged it is required.")
     note = (note or "").strip()[:MAX_NOTE_LENGTH]
+    return _retrying_deadlocks(
+        lambda: _family_acknowledge(notification_id, via=via, by=by, note=note, site_id=site_id, user=user)
+    )
+
+
+def _family_acknowledge(
+    notification_id: Any, *, via: str, by: str, note: str, site_id: str | None, user: Any
+) -> AckOutcome:
     with transaction.atomic():
         given, family = _family_locked(notification_id, site_id=site_id)
         if given is None:
@@ -192,6 +220,10 @@ def clear(notification_id: Any, *, note: str = "", site_id: str | None = None, u
     the module). Stops escalation; is not an acknowledgement. The first clearing stands.
     ``site_id``: only that site's notifications are found."""
     note = (note or "").strip()[:MAX_NOTE_LENGTH]
+    return _retrying_deadlocks(lambda: _family_clear(notification_id, note=note, site_id=site_id, user=user))
+
+
+def _family_clear(notification_id: Any, *, note: str, site_id: str | None, user: Any) -> AckOutcome:
     with transaction.atomic():
         given, family = _family_locked(notification_id, site_id=site_id)
         if given is None:

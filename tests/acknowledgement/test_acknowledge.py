@@ -331,3 +331,44 @@ def test_a_list_changed_in_this_process_applies_to_the_next_notification_at_once
     notification_list.save()
     second = api.post("/api/v1/notifications/", make_payload(priority="high"), format="json").json()
     assert (first["asks_ack"], second["asks_ack"]) == (False, True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_acknowledgement_chosen_as_a_deadlock_victim_is_run_again_and_succeeds(postgres_only):
+    """A real deadlock: another transaction (a dispatcher finishing a batch) holds the step and
+    then wants the parent, while the acknowledgement holds the parent and wants the step.
+    PostgreSQL aborts the transaction that waited first — the acknowledgement's."""
+    import threading
+    import time
+
+    from django.db import OperationalError, connection, transaction
+
+    parent = make_notification(asks_ack=True)
+    step = make_notification(asks_ack=True, escalation_of=parent.pk, escalation_step=1)
+    step_held, go = threading.Event(), threading.Event()
+    seen: dict[str, str] = {}
+
+    def dispatcher_finish():
+        try:
+            with transaction.atomic():
+                Notification.objects.filter(pk=step.pk).update(last_error="finishing")
+                step_held.set()
+                go.wait(10)
+                time.sleep(0.3)  # the acknowledgement now holds the parent and waits for the step
+                Notification.objects.filter(pk=parent.pk).update(last_error="finishing")
+            seen["dispatcher"] = "committed"
+        except OperationalError:
+            seen["dispatcher"] = "deadlock victim"
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=dispatcher_finish)
+    thread.start()
+    assert step_held.wait(10)
+    go.set()
+    outcome = acknowledgement.acknowledge(step.pk, via="sms", by="+4915112345678")
+    thread.join(20)
+    assert outcome.changed
+    assert seen["dispatcher"] == "committed"  # the acknowledgement was the victim, and was run again
+    stored = reload(parent)
+    assert stored.acknowledged_via == "sms" and stored.last_error == "finishing"

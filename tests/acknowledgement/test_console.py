@@ -174,3 +174,50 @@ def test_on_a_phone_the_link_page_fits_the_screen_and_its_button_acknowledges(br
         context.close()
     stored = Notification.objects.get(pk=row.pk)
     assert (stored.acknowledged_by, stored.acknowledged_via) == ("Jane Doe", "link")
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_link_pages_and_the_acknowledge_form_have_no_serious_accessibility_violations(
+    browser,  # noqa: F811
+    live_server,
+    theme,
+):
+    import json
+
+    from notifications.ack_links import ack_token_make
+    from tests.admin.test_accessibility import axe_serious
+
+    operator = make_user("olivia", groups=["Operators"])
+    waiting = make_notification(asks_ack=True, priority=Notification.Priority.CRITICAL, subject="Gas detector fault")
+    done = make_notification(
+        asks_ack=True, acknowledged_at=timezone.now(), acknowledged_by="Jane Doe", acknowledged_via="link"
+    )
+    # The link pages on a phone; the console (built for 1280 px and wider) on a desktop screen.
+    screens = {
+        (390, 844): {
+            "ack-confirm": f"/ack/{ack_token_make(notification_id=waiting.pk)}/",
+            "ack-done": f"/ack/{ack_token_make(notification_id=done.pk)}/",
+            "ack-invalid": "/ack/not-a-token/",
+        },
+        (1440, 900): {
+            "console-notification": change_url(waiting),
+            "console-acknowledge": reverse("admin:notifications_notification_acknowledge", args=[waiting.pk]),
+        },
+    }
+    found = {}
+    for (width, height), pages in screens.items():
+        context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=theme, bypass_csp=True)
+        context.set_default_timeout(15_000)
+        tab = context.new_page()
+        try:
+            log_in(tab, live_server, operator)
+            for name, url in pages.items():
+                tab.goto(f"{live_server.url}{url}")
+                violations = axe_serious(tab)
+                if violations:
+                    found[name] = violations
+        finally:
+            context.close()
+    assert found == {}, json.dumps(found, indent=2)

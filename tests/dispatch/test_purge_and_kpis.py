@@ -246,6 +246,9 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
         "failures_last_interval": {**NO_FAILURES, "connection": 2},
         "deliveries_queued": 0,  # their list has no members
         "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 4, "low": 0},
+        "unacknowledged": 0,  # none asks for acknowledgement
+        "unacknowledged_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "time_to_ack": {"per_list": {}, "per_site": {}},
     }
     assert kpis["per_site"] == {
         "plant-a": {
@@ -257,6 +260,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "partially_delivered_last_interval": 0,
             "deliveries_queued": 0,
             "oldest_pending_age_seconds": 1800.0,
+            "unacknowledged": 0,
+            "time_to_ack": None,
         },
         "plant-b": {
             "queue_depth": 1,
@@ -267,6 +272,8 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "partially_delivered_last_interval": 1,
             "deliveries_queued": 0,
             "oldest_pending_age_seconds": 660.0,
+            "unacknowledged": 0,
+            "time_to_ack": None,
         },
     }
     assert kpis["channels"] == []
@@ -316,6 +323,9 @@ def test_kpis_of_an_empty_table_have_no_oldest_age(db):
         "failures_last_interval": NO_FAILURES,
         "deliveries_queued": 0,
         "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "unacknowledged": 0,
+        "unacknowledged_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "time_to_ack": {"per_list": {}, "per_site": {}},
     }
     assert kpis["per_site"] == {}
     assert kpis["channels"] == []
@@ -325,9 +335,9 @@ def test_kpis_take_a_few_queries_while_every_channel_is_healthy(crafted, django_
     # PostgreSQL, from the kept counts (notifications.counts): the two folds, the open figures, the
     # stuck figure, the oldest queued per site. SQLite: one statement over the open rows. Then
     # the delivered rows (two halves of one statement), failures by class, channel health; the
-    # waiting rows by site, channel and list with the lists they name (deliveries), and the
-    # waiting rows by priority.
-    expected = 11 if connection.vendor == "postgresql" else 7
+    # waiting rows by site, channel and list with the lists they name (deliveries), the
+    # waiting rows by priority; the unacknowledged rows and the acknowledgements of the interval.
+    expected = 13 if connection.vendor == "postgresql" else 9
     with django_assert_num_queries(expected):
         kpis_compute()
 
