@@ -23,6 +23,7 @@ to the next list of its own list's steps, by that step's channel.
 """
 
 import hashlib
+import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -33,10 +34,12 @@ from django.db import transaction
 from django.db.models import Max, Q
 
 from notifications import db
-from notifications.acknowledgement import asks_ack
+from notifications.acknowledgement import ListSettings, asks_ack
 from notifications.clock import database_now
 from notifications.list_names import list_name_key, notification_lists_by_name
 from notifications.models import Notification, NotificationList
+
+logger = logging.getLogger(__name__)
 
 # A row in one of these statuses never escalates: its due time is dropped when it falls due.
 # (Discarding also drops it at once: notifications.operations.)
@@ -76,11 +79,12 @@ class EscalationStep:
     type: str
 
 
-def escalation_steps(notification_list: NotificationList | None) -> list[EscalationStep]:
+def escalation_steps(notification_list: NotificationList | ListSettings | None) -> list[EscalationStep]:
     """The list's escalation steps, numbered from 1, in order; malformed entries (the admin and
     the configuration file refuse them) end the steps there rather than guess."""
     steps: list[EscalationStep] = []
-    for number, entry in enumerate(getattr(notification_list, "escalation", None) or [], start=1):
+    entries = getattr(notification_list, "escalation", None)
+    for number, entry in enumerate(entries if isinstance(entries, list) else [], start=1):
         if not isinstance(entry, dict) or not isinstance(entry.get("after_seconds"), int):
             break
         steps.append(
@@ -94,7 +98,7 @@ def escalation_steps(notification_list: NotificationList | None) -> list[Escalat
     return steps
 
 
-def escalation_step(notification_list: NotificationList | None, number: int) -> EscalationStep | None:
+def escalation_step(notification_list: NotificationList | ListSettings | None, number: int) -> EscalationStep | None:
     """Step ``number`` of the list's escalation: one of its steps, or past the last one its last
     step repeated (when the list repeats it), else None."""
     steps = escalation_steps(notification_list)
@@ -111,13 +115,14 @@ def escalation_step(notification_list: NotificationList | None, number: int) -> 
 # --- starting: at ingest --------------------------------------------------------------------------
 
 
-def escalation_first_after(*, priority: int, notification_list: NotificationList | None) -> int | None:
-    """Seconds after its creation that a new notification of ``priority`` to the list takes its
+def escalation_first_after(*, priority: int, list_settings: ListSettings | None) -> int | None:
+    """Seconds after its creation that a new notification of ``priority`` to a list with these
+    settings (notifications.acknowledgement.list_settings_by_key; None: no such list) takes its
     first escalation step; None when it does not escalate (it does not ask for acknowledgement,
     or its list has no steps)."""
-    if not asks_ack(priority=priority, ack_required_from=getattr(notification_list, "ack_required_from", None)):
+    if list_settings is None or not asks_ack(priority=priority, ack_required_from=list_settings.ack_required_from):
         return None
-    first = escalation_step(notification_list, 1)
+    first = escalation_step(list_settings, 1)
     return None if first is None else first.after_seconds
 
 
@@ -223,6 +228,16 @@ def _escalate_batch(*, now: datetime, batch_size: int) -> tuple[int, int]:
         db.insert_ignoring_conflicts(Notification, children, stamped=("created_at", "next_attempt_at"))
         for due, ids in next_due.items():
             Notification.objects.filter(pk__in=ids).update(escalation_due_at=due)
+    for child in children:
+        logger.info(
+            "escalation step %s of %s: %s to %s by %s",
+            child["escalation_step"],
+            child["escalation_of"],
+            child["notification_id"],
+            child["list_name"],
+            child["type"],
+            extra={"notification_id": str(child["notification_id"]), "channel": child["type"], "outcome": "escalated"},
+        )
     return len(children), len(parents)
 
 

@@ -26,7 +26,7 @@ from typing import Any, cast
 from django.db import transaction
 
 from notifications import db
-from notifications.acknowledgement import acknowledgement_record, asks_ack
+from notifications.acknowledgement import ListSettings, acknowledgement_record, asks_ack, list_settings_by_key
 from notifications.channel_targets import teams_type_data_stored, teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
 from notifications.escalation import (
@@ -34,14 +34,9 @@ from notifications.escalation import (
     notification_escalations,
     notifications_escalation_start,
 )
-from notifications.list_names import (
-    list_name_normalize,
-    list_name_problem,
-    notification_lists_for_ingest,
-    text_control_problem,
-)
+from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, text_control_problem
 from notifications.local_delivery import notifications_delivered_locally_record
-from notifications.models import PRIORITY_NAMES, Notification, NotificationList
+from notifications.models import PRIORITY_NAMES, Notification
 from notifications.providers import notification_targets
 from notifications.suppression import (
     list_decisions,
@@ -435,15 +430,15 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
     for item in inputs:
         first_by_id.setdefault(item.notification_id, item)
 
-    lists = notification_lists_for_ingest(names={item.list_name for item in first_by_id.values()})
-    rows = [
-        _row_for(item, site_id=site_id, notification_list=lists.get(item.list_name)) for item in first_by_id.values()
-    ]
+    # Each list's settings as this process last read them (at most a few seconds old).
+    settings_by_key = list_settings_by_key()
+    lists = {item.list_name: settings_by_key.get(list_name_key(item.list_name)) for item in first_by_id.values()}
+    rows = [_row_for(item, site_id=site_id, list_settings=lists[item.list_name]) for item in first_by_id.values()]
     # Seconds to the first escalation step of the rows whose list escalates them.
     escalating = {
         item.notification_id: after
         for item in first_by_id.values()
-        if (after := escalation_first_after(priority=item.priority, notification_list=lists.get(item.list_name)))
+        if (after := escalation_first_after(priority=item.priority, list_settings=lists[item.list_name]))
     }
     inserted = _rows_insert(rows, site_id=site_id, escalating=escalating)
 
@@ -589,14 +584,14 @@ def _outcomes_log(*, site_id: str, inputs: Sequence[NotificationInput], outcomes
             )
 
 
-def _row_for(item: NotificationInput, *, site_id: str, notification_list: NotificationList | None) -> dict[str, Any]:
+def _row_for(item: NotificationInput, *, site_id: str, list_settings: ListSettings | None) -> dict[str, Any]:
     """The submitted columns of the new row (plain values: a model instance per row would
     cost more than the insert), and whether it asks for acknowledgement (its list decides).
     The ingest time is left to the insert (the database's clock)."""
     row = {name: getattr(item, name) for name in SUBMITTED_COLUMNS}
     row["source_site_id"] = site_id
     row["asks_ack"] = asks_ack(
-        priority=item.priority, ack_required_from=getattr(notification_list, "ack_required_from", None)
+        priority=item.priority, ack_required_from=list_settings.ack_required_from if list_settings else None
     )
     if item.type in TYPE_DATA_STORED:
         row["type_data"] = TYPE_DATA_STORED[item.type](item.type_data)

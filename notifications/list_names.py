@@ -12,40 +12,18 @@ configuration file; delivery finds the one by the other. All three go through th
   locale and differs from Python's for many scripts.
 * **Checks.** A name must not contain control characters, line or paragraph separators or
   invisible formatting characters, and must not mix letters of several scripts (a Cyrillic
-  ``О`` in ``Оperators`` looks exactly like the Latin name but is another one) beyond those one
-  writing system uses together (Unicode's highly restrictive profile: ``ポンプ監視班`` is kanji
-  and katakana, one Japanese name).
+  ``О`` in ``Оperators`` looks exactly like the Latin name but is another one).
 """
 
 import re
-import threading
-import time
 import unicodedata
 from collections.abc import Iterable
-from typing import Any
-
-from django.db.models.signals import post_delete, post_save
-from django.dispatch import receiver
 
 from notifications.models import NotificationList
 
 # Scripts of letters are told apart by the first word of their Unicode name ("LATIN SMALL
 # LETTER A", "CYRILLIC CAPITAL LETTER O"); the standard library has no script property.
-_SCRIPT_ALIASES = {
-    "MODIFIER": "",
-    "FULLWIDTH": "LATIN",
-    "CJK": "HAN",
-    "HALFWIDTH": "KATAKANA",  # HALFWIDTH KATAKANA LETTER …
-    "KATAKANA-HIRAGANA": "",  # the prolonged sound mark ー belongs to both
-}
-# The script combinations that one writing system uses together, as Unicode's "highly
-# restrictive" profile allows them (UTS #39, 5.2): Japanese mixes Han, Hiragana and Katakana
-# (ポンプ監視班), Chinese Han and Bopomofo, Korean Han and Hangul — each with Latin.
-_SCRIPT_FAMILIES = (
-    frozenset({"LATIN", "HAN", "HIRAGANA", "KATAKANA"}),
-    frozenset({"LATIN", "HAN", "BOPOMOFO"}),
-    frozenset({"LATIN", "HAN", "HANGUL"}),
-)
+_SCRIPT_ALIASES = {"MODIFIER": "", "FULLWIDTH": "LATIN"}
 
 
 def list_name_normalize(name: str) -> str:
@@ -87,8 +65,7 @@ _CONTROL_CHARACTER = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 def list_name_problem(name: str) -> str | None:
     """Why ``name`` (in normal form) cannot name a list, or None: a control character, an
     invisible formatting character (zero-width space, bidirectional override …), or letters of
-    more than one script (a look-alike of another name) — except the scripts one writing system
-    uses together (Japanese kanji with kana, and Latin with them)."""
+    more than one script (a look-alike of another name)."""
     problem = text_control_problem(name)
     if problem:
         return problem
@@ -101,7 +78,7 @@ def list_name_problem(name: str) -> str | None:
             script = _script(character)
             if script:
                 scripts.add(script)
-    if len(scripts) > 1 and not any(scripts <= family for family in _SCRIPT_FAMILIES):
+    if len(scripts) > 1:
         mixed = " and ".join(sorted(script.title() for script in scripts))
         return f"Mixes {mixed} letters; a name that looks like another one is refused."
     return None
@@ -114,58 +91,18 @@ def notification_lists_by_name(*, names: Iterable[str]) -> dict[str, Notificatio
     wanted = {name: list_name_key(name) for name in names}
     if not wanted:
         return {}
-    by_key = _lists_by_key()
-    return {name: by_key[key] for name, key in wanted.items() if key in by_key}
-
-
-# The columns of a list that delivery and ingest read.
-LIST_SETTINGS_FIELDS = (
-    "pk",
-    "name",
-    "recipient_mode",
-    "resend_after_local_delivery",
-    "ack_required_from",
-    "escalation",
-    "repeat_last_every_seconds",
-)
-
-
-def _lists_by_key() -> dict[str, NotificationList]:
-    """Every list by its name's comparison key (the first list of a key)."""
     by_key: dict[str, NotificationList] = {}
-    for notification_list in NotificationList.objects.only(*LIST_SETTINGS_FIELDS).order_by("pk"):
+    for notification_list in NotificationList.objects.only(
+        "pk",
+        "name",
+        "recipient_mode",
+        "resend_after_local_delivery",
+        "ack_required_from",
+        "escalation",
+        "repeat_last_every_seconds",
+    ).order_by("pk"):
         by_key.setdefault(list_name_key(notification_list.name), notification_list)
-    return by_key
-
-
-# Ingest reads the lists for every post (whether a notification asks for acknowledgement, when
-# it escalates, how it is suppressed), and reading them costs as much as the insert itself
-# (measured: 2.6 ms a single-post ingest without the read, 7.5 ms with it, 30 lists, PostgreSQL
-# on loopback; docs/performance.md). So ingest keeps them at most LIST_SETTINGS_CACHE_SECONDS
-# per process, and forgets them at once when this process saves or deletes a list. Delivery
-# always reads them afresh (notification_lists_by_name).
-LIST_SETTINGS_CACHE_SECONDS = 5.0
-_ingest_lists: tuple[float, dict[str, NotificationList]] | None = None
-_ingest_lists_lock = threading.Lock()
-
-
-def notification_lists_for_ingest(*, names: Iterable[str]) -> dict[str, NotificationList]:
-    """As :func:`notification_lists_by_name`, from this process's copy of the lists, at most
-    LIST_SETTINGS_CACHE_SECONDS old. The lists returned are shared: read them, never save them."""
-    global _ingest_lists
-    with _ingest_lists_lock:
-        if _ingest_lists is None or time.monotonic() - _ingest_lists[0] >= LIST_SETTINGS_CACHE_SECONDS:
-            _ingest_lists = (time.monotonic(), _lists_by_key())
-        by_key = _ingest_lists[1]
-    return {name: by_key[key] for name in names if (key := list_name_key(name)) in by_key}
-
-
-@receiver([post_save, post_delete], sender=NotificationList)
-def list_settings_forget(**kwargs: Any) -> None:
-    """A list was saved or deleted in this process: ingest reads the lists afresh."""
-    global _ingest_lists
-    with _ingest_lists_lock:
-        _ingest_lists = None
+    return {name: by_key[key] for name, key in wanted.items() if key in by_key}
 
 
 def notification_list_clash(*, name: str, exclude_pk: int | None = None) -> NotificationList | None:

@@ -38,7 +38,7 @@ from django.db.models import Count, F, Min, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from notifications.acknowledgement import asks_ack
+from notifications.acknowledgement import ListSettings, asks_ack
 from notifications.db import database_now
 from notifications.escalation import escalation_first_after, notifications_escalation_start
 from notifications.list_names import notification_lists_by_name
@@ -65,13 +65,22 @@ def notifications_released_escalation_start(*, notification_ids: list[Any], rele
             "notification_id", "priority", "list_name"
         )
     )
-    lists = notification_lists_by_name(names={row.list_name for row in rows})
+    lists = _lists_settings(names={row.list_name for row in rows})
     starting = {}
     for row in rows:
-        after = escalation_first_after(priority=row.priority, notification_list=lists.get(row.list_name))
+        after = escalation_first_after(priority=row.priority, list_settings=lists.get(row.list_name))
         if after:
             starting[row.pk] = (released_at, after)
     notifications_escalation_start(created=starting)
+
+
+def _lists_settings(*, names: set[str]) -> dict[str, ListSettings]:
+    """The acknowledgement and escalation settings of the lists ``names`` refer to, read now (a
+    release or a digest is rare; ingest reads them through acknowledgement.list_settings_by_key)."""
+    return {
+        name: ListSettings(found.ack_required_from, found.escalation, found.repeat_last_every_seconds)
+        for name, found in notification_lists_by_name(names=names).items()
+    }
 
 
 # --- the rules, cached briefly ------------------------------------------------------------------
@@ -413,12 +422,12 @@ def _digest_make(*, site_id: str, list_name: str, channel: str, due: datetime) -
         digest = _digest_row(site_id=site_id, list_name=list_name, channel=channel, held=held, now=now)
         # A digest is a notification like any other: it asks for acknowledgement and escalates
         # as its list says for its priority, counted from its creation.
-        notification_list = notification_lists_by_name(names={list_name}).get(list_name)
+        list_settings = _lists_settings(names={list_name}).get(list_name)
         digest.asks_ack = asks_ack(
-            priority=digest.priority, ack_required_from=getattr(notification_list, "ack_required_from", None)
+            priority=digest.priority, ack_required_from=list_settings.ack_required_from if list_settings else None
         )
         digest.save(force_insert=True)
-        after = escalation_first_after(priority=digest.priority, notification_list=notification_list)
+        after = escalation_first_after(priority=digest.priority, list_settings=list_settings)
         if after:
             notifications_escalation_start(created={digest.pk: (now, after)})
         Notification.objects.filter(pk__in=[row.pk for row in held], status=Status.PENDING).update(

@@ -85,7 +85,7 @@ def _fresh_rate_limits() -> None:
 def _fresh_list_settings() -> None:
     """Each test starts with no lists' settings held by this process (a rolled-back test's lists
     are gone without the signal that would forget them)."""
-    from notifications.list_names import list_settings_forget
+    from notifications.acknowledgement import list_settings_forget
 
     list_settings_forget()
 

@@ -336,6 +336,11 @@ def test_the_waiting_worker_takes_a_step_within_a_second_of_its_due_time(operato
     assert receiver.to("/leads")  # delivered by the pass the waiter ran
 
 
+def test_steps_stored_malformed_by_hand_mean_no_step_rather_than_an_error(db):
+    for escalation in (5, {"after_seconds": 5}, ["soon"], [{"after_seconds": "5"}]):
+        assert escalation_step(NotificationList(escalation=escalation, repeat_last_every_seconds=9), 1) is None
+
+
 def test_escalation_step_numbers_past_the_last_repeat_only_when_the_list_repeats(db):
     steps = [{"after_seconds": 5, "list": "A", "type": "sms"}]
     assert escalation_step(NotificationList(escalation=steps), 2) is None
@@ -364,3 +369,17 @@ def test_a_step_falling_due_during_a_long_pass_is_taken_at_its_next_claim(operat
     (child,) = children_of(alarm)
     assert report.delivered >= 25 and report.escalated == 1
     assert child.created_at - due < timedelta(seconds=1.5)  # not at the pass's end, 4 s later
+
+
+@pytest.mark.parametrize("action", ["ack", "clear"])
+def test_the_site_acknowledging_or_clearing_through_the_api_stops_escalation_and_shows_in_the_record(
+    operators, api, action
+):
+    alarm = raise_alarm()
+    response = api.post(f"/api/v1/notifications/{alarm.pk}/{action}/", {"note": "HMI"}, format="json")
+    assert response.status_code == 200, response.content
+    record = api.get(f"/api/v1/notifications/{alarm.pk}/").json()
+    assert record["acknowledged_at" if action == "ack" else "cleared_at"] is not None
+    assert fresh(alarm).escalation_due_at is None
+    notifications_escalate_due(now=fresh(alarm).created_at + timedelta(seconds=600))
+    assert children_of(alarm) == [] and record["escalations"] == []
