@@ -20,7 +20,7 @@ from django.db.models.lookups import Exact, GreaterThan, LessThanOrEqual
 from notifications import db
 from notifications.list_names import notification_lists_by_name
 from notifications.models import Notification
-from notifications.vocabulary import FailureCode
+from notifications.vocabulary import FailureCode, TargetOutcome, target_outcome
 
 Status = Notification.Status
 
@@ -42,6 +42,8 @@ class ParkedGroup:
     missing_lists: list[str] = field(default_factory=list)
     # The cause says "unknown list X" and X is configured now: Retry should deliver them.
     list_now_exists: str | None = None
+    # Of count, the rows some recipients already have: a partial delivery, not an outage.
+    partially_delivered: int = 0
 
     @property
     def key(self) -> str:
@@ -125,13 +127,36 @@ def parked_groups() -> tuple[list[ParkedGroup], bool]:
     names = {name for group in groups.values() for name in group.lists}
     configured = notification_lists_by_name(names=names)
     ready = {item.cause: item.list_name for item in parked_for_lists_now_existing()}
+    partial_counts = parked_partially_delivered()
     for group in groups.values():
+        group.partially_delivered = partial_counts.get(group.cause, 0)
         group.missing_lists = sorted(name for name in group.lists if name not in configured)
         group.list_now_exists = ready.get(group.cause)
         group.sites = dict(sorted(group.sites.items(), key=lambda item: (-item[1], item[0])))
         group.lists = dict(sorted(group.lists.items(), key=lambda item: (-item[1], item[0])))
     ordered = sorted(groups.values(), key=lambda group: (-group.count, group.cause))
     return ordered, partial
+
+
+def parked_partially_delivered() -> dict[str, int]:
+    """Per cause, the Parked rows that some of their targets already have ("delivered to 1 of
+    3", one mailbox full): a partial delivery, told apart from an outage. PostgreSQL: one
+    grouped read of the Parked rows (jsonb containment); elsewhere the rows' targets are read."""
+    parked = Notification.objects.filter(status=Status.PARKED).annotate(cause=db.ParkedCause())
+    if connection.vendor == "postgresql":
+        rows = (
+            parked.filter(resolved_targets__contains=[{"outcome": TargetOutcome.DELIVERED.value}])
+            .values("cause")
+            .annotate(count=Count("created_at"))
+            .order_by()[:GROUP_ROWS_MAX]
+        )
+        return {row["cause"]: row["count"] for row in rows}
+    counts: dict[str, int] = {}
+    for cause, targets in parked.values_list("cause", "resolved_targets")[: GROUP_ROWS_MAX * 10]:
+        entries = targets if isinstance(targets, list) else []
+        if any(isinstance(entry, dict) and target_outcome(entry) == TargetOutcome.DELIVERED for entry in entries):
+            counts[cause] = counts.get(cause, 0) + 1
+    return counts
 
 
 def _pick(choose: Any, current: datetime | None, new: datetime | None) -> datetime | None:
@@ -253,8 +278,9 @@ def waiting_breakdown(*, channel: str) -> WaitingBreakdown:
     )
 
 
-# The rows "matches by site and list" reads at most: exact below, "10,000+" at the cap.
-MATCHES_READ_MAX = 10_000
+# The rows "matches by site and list" reads at most: exact below, "2000+" at the cap (reading
+# 10,000 rows cost the default outbox page 45 ms at a million rows; 2,000 cost under 10).
+MATCHES_READ_MAX = 2_000
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ of a million-row outbox costs a few milliseconds beyond the KPIs the page shows 
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -131,7 +131,7 @@ def check_open_channels(inputs: StatusInputs) -> list[Finding]:
         )
     overall = inputs.kpis.get("global", {})
     if findings and overall.get("queue_depth") and not overall.get("delivered_last_interval"):
-        findings = [Finding(**{**finding.__dict__, "level": DOWN}) for finding in findings]
+        findings = [replace(finding, level=DOWN) for finding in findings]
     return findings
 
 

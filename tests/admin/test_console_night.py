@@ -229,3 +229,19 @@ def test_the_trends_follow_the_chosen_time_zone(client, worker):
     client.cookies["outbox_tz"] = "Asia/Tokyo"
     page = client.get(reverse("admin:index")).content.decode()
     assert "(per hour, Asia/Tokyo)" in page and " JST: " in page
+
+
+def test_parked_groups_tell_partial_deliveries_apart_from_outages(client, worker):
+    cause = "Retries exhausted (5 failed attempts): 452 4.2.2 mailbox full"
+    partial_targets = [
+        {"target": "a@example.com", "outcome": "delivered"},
+        {"target": "b@example.com", "outcome": "deferred", "smtp_code": 452},
+    ]
+    make_notification(status=Status.PARKED, last_error=cause, resolved_targets=partial_targets)
+    make_notification(status=Status.PARKED, last_error=cause, resolved_targets=partial_targets)
+    make_notification(status=Status.PARKED, last_error=cause)
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    response = client.get(PARKED)
+    group = next(row["group"] for row in response.context["rows"] if row["group"].cause == cause)
+    assert (group.count, group.partially_delivered) == (3, 2)
+    assert "2 of these reached some of their recipients already" in response.content.decode()
