@@ -289,6 +289,7 @@ def main() -> int:
         "search: error text": (f"{outbox}?q=mailbox+unknown", 500),
         "search: source instance": (f"{outbox}?q=Instance417", 500),
         "search: id prefix": (f"{outbox}?q={id_prefix}", 500),
+        "search: recipient (to:)": (f"{outbox}?{urlencode({'q': 'to:op1@example.com'})}", 500),
         # Where an open channel hits: its waiting rows counted by site and by list (≤ 200 ms).
         "channel breakdown (email: per-site and per-list counts)": (
             f"{reverse('admin:notifications_notification_channel')}?channel=email",

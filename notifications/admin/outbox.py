@@ -281,7 +281,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmi
     search_fields = ("subject",)
     search_help_text = (
         "Press / to search. Every word must occur in the subject, list, last error, source instance or script; "
-        "an id prefix (6+ hex digits) or a full id finds by id."
+        "an id prefix (6+ hex digits) or a full id finds by id; to:address finds what was sent to a recipient."
     )
     action_max_rows = ACTION_MAX_ROWS
     # The orders with an index behind them: creation, and priority (then creation).

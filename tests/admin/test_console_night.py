@@ -245,3 +245,32 @@ def test_parked_groups_tell_partial_deliveries_apart_from_outages(client, worker
     group = next(row["group"] for row in response.context["rows"] if row["group"].cause == cause)
     assert (group.count, group.partially_delivered) == (3, 2)
     assert "2 of these reached some of their recipients already" in response.content.decode()
+
+
+def test_search_by_recipient_finds_everything_sent_to_an_address(client, worker):
+    to_pierre = make_notification(
+        status=Status.DELIVERED,
+        resolved_targets=[{"target": "p.dubois@example.com", "outcome": "delivered"}],
+    )
+    make_notification(
+        status=Status.DELIVERED, resolved_targets=[{"target": "a.ito@example.com", "outcome": "delivered"}]
+    )
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    shown = {row.pk for row in client.get(OUTBOX, {"q": "to:P.Dubois@example.com"}).context["cl"].result_list}
+    assert shown == {to_pierre.pk}
+
+
+@pytest.mark.django_db
+def test_search_by_recipient_uses_the_targets_index(postgres_only):
+    from django.db import connection
+
+    from notifications.admin.filters import recipient_q
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        query = Notification.objects.filter(recipient_q("p.dubois@example.com")).order_by()
+        sql, params = query.query.sql_with_params()
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET enable_seqscan = on")
+    assert "notif_targets_gin_idx" in plan, plan
