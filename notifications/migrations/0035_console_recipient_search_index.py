@@ -26,5 +26,5 @@ def drop(apps, schema_editor):
 
 class Migration(migrations.Migration):
     atomic = False
-    dependencies = [("notifications", "0028_console_incident_notes")]
+    dependencies = [("notifications", "0034_console_incident_notes")]
     operations = [migrations.RunPython(create, drop)]
