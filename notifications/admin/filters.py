@@ -84,7 +84,7 @@ def outbox_search(queryset: QuerySet[Notification], search_term: str) -> QuerySe
 
 def recipient_q(address: str) -> Q:
     """Rows one of whose targets is ``address`` (as given, or in lower case): on PostgreSQL a
-    containment test the GIN index of the targets answers (notif_targets_gin_idx, 0029);
+    containment test the GIN index of the targets answers (notif_targets_gin_idx, 0035);
     elsewhere a search of the targets' text."""
     address = address.strip()
     if connection.vendor == "postgresql":
