@@ -204,8 +204,9 @@ def _family_acknowledge(
         family[0].escalation_due_at = None
         _history(user, fresh, f"Acknowledged via {via} by {by}" + (f": {note}" if note else ""))
         parent = family[0]
-        seconds = (now - parent.created_at).total_seconds()
-        transaction.on_commit(lambda: _acknowledged(parent, seconds))
+        if parent in fresh:  # counted and announced once per family, when its parent is acknowledged
+            seconds = (now - parent.created_at).total_seconds()
+            transaction.on_commit(lambda: _acknowledged(parent, seconds))
     return AckOutcome(notification=given, changed=True)
 
 
