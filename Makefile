@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-peers bench-purge bench-console bench-agent bench-webhooks bench-login-flood bench-recovery bench-fairness chaos chaos-short check clean screenshots \
+.PHONY: help install run test test-pg test-pgbouncer test-redis bench bench-ingest bench-dispatch bench-scaleout bench-peers bench-purge bench-console bench-agent bench-webhooks bench-login-flood bench-recovery bench-fairness bench-escalation bench-suppression chaos chaos-short check clean screenshots \
         agent-dist test-agent-pythons
 
 help:
@@ -127,6 +127,14 @@ bench-recovery: $(STAMP)
 bench-fairness: $(STAMP)
 	$(PY) bench/bench_fairness.py
 
+# Escalation precision: 1,000 unacknowledged notifications whose first step falls due at once.
+bench-escalation: $(STAMP)
+	$(PY) bench/bench_escalation.py
+
+# Suppression's overhead: ingest and dispatch with 10 silences and dedup on, against off.
+bench-suppression: $(STAMP)
+	$(PY) bench/bench_suppression.py
+
 # Every bench-* target runs even when an earlier one misses its target; the summary says.
 bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-ingest
@@ -140,6 +148,8 @@ bench: $(STAMP)
 	-$(MAKE) --no-print-directory bench-login-flood
 	-$(MAKE) --no-print-directory bench-recovery
 	-$(MAKE) --no-print-directory bench-fairness
+	-$(MAKE) --no-print-directory bench-escalation
+	-$(MAKE) --no-print-directory bench-suppression
 	$(PY) bench/summary.py
 
 # The site agent: one-file zipapp and wheel in dist/ (standard library only, no venv needed).

@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from notifications import acknowledgement
 from notifications.api_errors import ERROR_RESPONSES, ErrorSerializer
 from notifications.ingest import (
     ACCEPTED_FIELDS,
@@ -40,6 +41,7 @@ from notifications.ingest import (
 from notifications.kpis import kpis_compute
 from notifications.models import PRIORITY_NAMES, Notification
 from notifications.operations import notification_act
+from notifications.suppression import flood_report
 from notifications.vocabulary import TYPE_CHOICES, TargetOutcome
 from sites.authentication import IsActiveSite, SiteKeyAuthentication, StaffKeyAuthentication
 from sites.models import Site
@@ -168,6 +170,21 @@ class StatusRecordSerializer(serializers.Serializer):
     delivered_locally_at = serializers.DateTimeField(
         allow_null=True, help_text="When the site delivered it through its own local relay (the site's clock)."
     )
+    suppressed_by = serializers.CharField(
+        allow_blank=True,
+        help_text="Why it was never sent: duplicate:<notification id>, silence:<silence id> (silence:mw<id>: a "
+        "maintenance window) or digest:<digest's notification id>; blank when it was not suppressed. Kept when an "
+        "operator delivers it anyway.",
+    )
+    dedup_key = serializers.CharField(allow_blank=True, help_text="The key duplicates are recognised by.")
+    occurrences = serializers.IntegerField(
+        help_text="How many times its alarm was raised while it stood for its duplicates, itself included (1: no "
+        "duplicate)."
+    )
+    last_occurrence_at = serializers.DateTimeField(allow_null=True, help_text="When its last duplicate came.")
+    held_for_digest = serializers.DateTimeField(
+        allow_null=True, help_text="Held by a flood: when its digest is made (it is then Suppressed)."
+    )
     delivery_summary = serializers.CharField(
         allow_blank=True,
         help_text='Per-target outcome in words, e.g. "delivered to 118 of 120, 2 refused (550)"; empty until an '
@@ -190,6 +207,37 @@ class StatusRecordSerializer(serializers.Serializer):
         help_text="Targets by outcome; null until an attempt recorded outcomes.",
     )
     targets = TargetSerializer(many=True, help_text="Per target: its outcome and, for SMS, the provider's status.")
+    asks_ack = serializers.BooleanField(
+        help_text="Whether it asks for acknowledgement (decided at ingest from the list's ack_required_from)."
+    )
+    acknowledged_at = serializers.DateTimeField(allow_null=True, help_text="Null until someone acknowledges it.")
+    acknowledged_by = serializers.CharField(
+        allow_null=True,
+        help_text="Who acknowledged it. For a site key masked as targets are (an address o***@example.com, a "
+        "number +49***456, a name J***), except what the site itself said (via site).",
+    )
+    acknowledged_via = serializers.ChoiceField(
+        choices=["link", "sms", "teams", "console", "api", "site"], allow_null=True
+    )
+    acknowledged_note = serializers.CharField(allow_null=True)
+    cleared_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the site said the alarm returned to normal; null until then."
+    )
+    cleared_note = serializers.CharField(allow_null=True)
+    escalations = inline_serializer(
+        "EscalationStep",
+        {
+            "step": serializers.IntegerField(),
+            "notification_id": serializers.UUIDField(),
+            "list_name": serializers.CharField(),
+            "type": serializers.CharField(),
+            "status": serializers.ChoiceField(choices=Notification.Status.choices),
+            "created_at": serializers.DateTimeField(),
+        },
+        many=True,
+        help_text="The escalation steps taken so far (docs/escalation.md): each child notification, in step "
+        "order; empty for a notification that has not escalated.",
+    )
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         return notification_status_record(instance)
@@ -456,14 +504,19 @@ class KpiView(APIView):
 
     @extend_schema(
         responses={
-            200: OpenApiResponse(OpenApiTypes.OBJECT, description="KPIs: global, per_site, computed_at"),
+            200: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="KPIs: global, per_site, channels, computed_at, flood (the flood report)",
+            ),
             401: OpenApiResponse(ErrorSerializer, description="Not authenticated"),
             403: OpenApiResponse(ErrorSerializer, description="Not staff"),
             503: ERROR_RESPONSES[503],
         }
     )
     def get(self, request: Request) -> Response:
-        return Response(site_kpis_add(kpis_compute()))
+        # The flood report reads a day and a week of rows: here, not in the cached KPIs the
+        # metrics endpoint reads.
+        return Response({**site_kpis_add(kpis_compute()), "flood": flood_report()})
 
 
 # --- operator actions (staff only) -------------------------------------------------------------
@@ -472,18 +525,21 @@ ACTION_PERMISSIONS = {
     "retry": "notifications.retry_notification",
     "discard": "notifications.discard_notification",
     "requeue": "notifications.requeue_notification",
+    # Deliver anyway: permissioned like Retry (it sends what would not have been sent).
+    "release": "notifications.retry_notification",
 }
-ACTION_FIELDS = {"retry": set(), "discard": {"reason"}, "requeue": set()}
+ACTION_FIELDS = {"retry": set(), "discard": {"reason"}, "requeue": set(), "release": set()}
 ACTION_APPLIES = {
     "retry": "Parked (Retry) or Retrying (Retry now)",
     "discard": "Pending, Retrying or Parked",
     "requeue": "Discarded",
+    "release": "Suppressed, or Pending and held for a flood digest",
 }
 
 ActionResultSerializer = inline_serializer(
     "ActionResult",
     {
-        "action": serializers.CharField(help_text="retry, retry_now, discard or requeue"),
+        "action": serializers.CharField(help_text="retry, retry_now, discard, requeue or release"),
         "notification": StatusRecordSerializer(),
     },
 )
@@ -577,4 +633,131 @@ class NotificationRequeueView(NotificationActionView):
     @_action_schema("requeue")
     def post(self, request: Request, notification_id: Any) -> Response:
         """Requeue a Discarded notification."""
+        return super().post(request, notification_id)
+
+
+# --- acknowledgement and clearing (site key or staff) --------------------------------------------
+
+AckInSerializer = inline_serializer(
+    "AckIn",
+    {
+        "by": serializers.CharField(
+            required=False,
+            max_length=200,
+            help_text="Site key only: who acknowledged it at the site (an operator at the HMI). Default: the "
+            "site's name. Staff: always the staff user.",
+        ),
+        "note": serializers.CharField(required=False, max_length=2000, allow_blank=True),
+    },
+)
+ClearInSerializer = inline_serializer(
+    "ClearIn", {"note": serializers.CharField(required=False, max_length=2000, allow_blank=True)}
+)
+AckResultSerializer = inline_serializer(
+    "AckResult",
+    {
+        "changed": serializers.BooleanField(
+            help_text="This request recorded it; false: it already was (the record says by whom and when)."
+        ),
+        "notification": StatusRecordSerializer(),
+    },
+)
+
+
+class NotificationAckView(APIView):
+    """Acknowledge (``ack``) or clear (``clear``) one notification (docs/acknowledgement.md). A site
+    key acts on its own notifications only (another site's id is 404, as for the status record);
+    staff may acknowledge any notification (``via: api``) but not clear one: clearing says the
+    alarm returned to normal at the plant, which only the site knows."""
+
+    authentication_classes = [SiteKeyAuthentication, StaffKeyAuthentication, SessionAuthentication]
+    permission_classes = [IsActiveSiteOrStaff]
+    action = "ack"
+
+    def post(self, request: Request, notification_id: Any) -> Response:
+        site = request.user if isinstance(request.user, Site) else None
+        if site is None and self.action == "clear":
+            raise exceptions.PermissionDenied("Only the site that raised a notification clears it (site key).")
+        if site is None and not request.user.has_perm("notifications.view_notification"):
+            raise exceptions.PermissionDenied("You may not see notifications.")
+        data: Any = request.data if request.data is not None else {}
+        errors = _ack_body_errors(
+            data, fields={"note", "by"} if self.action == "ack" and site is not None else {"note"}
+        )
+        if errors:
+            return _invalid(errors)
+        note = data.get("note", "")
+        if self.action == "clear":
+            assert site is not None
+            outcome = acknowledgement.clear(notification_id, note=note, site_id=site.site_id)
+        elif site is not None:
+            by = (data.get("by") or "").strip() or site.name or site.site_id
+            outcome = acknowledgement.acknowledge(notification_id, via="site", by=by, note=note, site_id=site.site_id)
+        else:
+            outcome = acknowledgement.acknowledge(
+                notification_id, via="api", by=request.user.get_username(), note=note, user=request.user
+            )
+        if outcome.notification is None:
+            detail = "No notification with this id" + (" for this site." if site is not None else ".")
+            raise exceptions.NotFound(detail, code="not_found")
+        record = notification_status_record(outcome.notification, staff=site is None)
+        return Response({"changed": outcome.changed, "notification": record})
+
+
+def _ack_body_errors(data: Any, *, fields: set[str]) -> dict[str, list[str]]:
+    """What is wrong with the body of an ack or clear request, per field ({} when nothing)."""
+    if not isinstance(data, dict):
+        return {"non_field_errors": ["The body must be a JSON object."]}
+    errors: dict[str, list[str]] = {name[:100]: ["Unknown field."] for name in sorted(set(data) - fields)}
+    for name, limit in (("note", 2000), ("by", 200)):
+        value = data.get(name)
+        if name in data and not isinstance(value, str):
+            errors[name] = ["Must be a string."]
+        elif isinstance(value, str) and len(value) > limit:
+            errors[name] = [f"At most {limit} characters."]
+        elif isinstance(value, str) and "\x00" in value:
+            errors[name] = ["Must not contain NUL characters."]
+    return errors
+
+
+def _ack_schema(action: str) -> Any:
+    return extend_schema(
+        operation_id=f"notification_{action}",
+        parameters=[OpenApiParameter("notification_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        request=AckInSerializer if action == "ack" else ClearInSerializer,
+        responses={
+            200: AckResultSerializer,
+            400: ERROR_RESPONSES[400],
+            401: OpenApiResponse(ErrorSerializer, description="Not authenticated"),
+            403: OpenApiResponse(ErrorSerializer, description="Site deactivated, or not allowed"),
+            404: OpenApiResponse(ErrorSerializer, description="No such notification (for this site)"),
+            503: ERROR_RESPONSES[503],
+        },
+    )
+
+
+class NotificationAcknowledgeView(NotificationAckView):
+    action = "ack"
+
+    @_ack_schema("ack")
+    def post(self, request: Request, notification_id: Any) -> Response:
+        """Acknowledge a notification: the site's HMI (site key) or a staff user."""
+        return super().post(request, notification_id)
+
+
+class NotificationClearView(NotificationAckView):
+    action = "clear"
+
+    @_ack_schema("clear")
+    def post(self, request: Request, notification_id: Any) -> Response:
+        """Clear a notification: the alarm returned to normal at the site (site key)."""
+        return super().post(request, notification_id)
+
+
+class NotificationReleaseView(NotificationActionView):
+    action = "release"
+
+    @_action_schema("release")
+    def post(self, request: Request, notification_id: Any) -> Response:
+        """Deliver a Suppressed notification anyway (or one held for a flood digest): it goes out on its own."""
         return super().post(request, notification_id)

@@ -15,6 +15,7 @@ class NotificationsConfig(AppConfig):
             check_attachment_limit,
             check_channels,
             check_deploy_settings,
+            check_escalations,
             check_plaintext_auth,
             check_schedules_present,
             check_secrets_decryptable,
@@ -37,6 +38,7 @@ class NotificationsConfig(AppConfig):
         checks.register(check_attachment_limit)
         checks.register(check_channels, checks.Tags.database)
         checks.register(check_workers_running, checks.Tags.database)
+        checks.register(check_escalations, checks.Tags.database)
         checks.register(check_deploy_settings, checks.Tags.security, deploy=True)
         # After every migrate: the worker's schedules exist without a deployment step.
         post_migrate.connect(schedules_after_migrate, sender=self, dispatch_uid="outbox-schedules")
@@ -50,6 +52,14 @@ class NotificationsConfig(AppConfig):
                 signal.connect(channel_settings_changed, sender=model, dispatch_uid=f"outbox-{model.__name__}-changed")
         for target in (NotificationList, *LIST_TARGET_CHANNELS):
             post_save.connect(list_targets_changed, sender=target, dispatch_uid=f"outbox-{target.__name__}-changed")
+        from notifications.models import MaintenanceWindow, Silence
+        from notifications.suppression import suppression_rules_forget
+
+        for rules_model in (Silence, MaintenanceWindow, NotificationList):
+            for signal in (post_save, post_delete):
+                signal.connect(
+                    suppression_rules_forget, sender=rules_model, dispatch_uid=f"outbox-{rules_model.__name__}-rules"
+                )
         # Every process start: the metrics files of processes of this host that ended since join
         # the archive, so the directory holds the live processes' files and one archive.
         metrics_files_compact_at_start()

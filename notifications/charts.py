@@ -37,7 +37,7 @@ def bar_chart(*, values: Sequence[int], hours: Sequence[datetime], metric: str, 
                 f"{TOP + plot_h - height:.1f}",
                 f"{max(step - gap, 0.5):.1f}",
                 f"{height:.1f}",
-                f"{hour:%Y-%m-%d %H:00} UTC: {value} {metric}",
+                f"{hour:%Y-%m-%d %H:00} {hour.tzname() or 'UTC'}: {value} {metric}",
             )
         )
     daily = count > 48
@@ -47,7 +47,8 @@ def bar_chart(*, values: Sequence[int], hours: Sequence[datetime], metric: str, 
         for index, hour in enumerate(hours)
         if index % every == 0
     ]
-    peak_at = f", peak {peak} at {hours[values.index(peak)]:%Y-%m-%d %H:00} UTC" if peak else ""
+    peak_hour = hours[values.index(peak)] if peak else None
+    peak_at = f", peak {peak} at {peak_hour:%Y-%m-%d %H:00} {peak_hour.tzname() or 'UTC'}" if peak_hour else ""
     summary = f"{metric.capitalize()} per hour, {range_label}: {total} in total{peak_at}."
     return format_html(
         '<svg class="outbox-chart outbox-chart-{}" viewBox="0 0 {} {}" role="img" aria-label="{}" '

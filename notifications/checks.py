@@ -10,6 +10,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.db import DatabaseError
 
 from notifications.channel_targets import channel_configuration_problems
+from notifications.escalation import escalation_problems, lists_escalation_stored
 from notifications.models import (
     AppriseTarget,
     ChannelConfiguration,
@@ -77,6 +78,32 @@ def check_workers_running(app_configs: Sequence[AppConfig] | None = None, **kwar
             id="outbox.W004",
         )
     ]
+
+
+def check_escalations(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """System check outbox.W030 (database tag): every list's escalation steps can be taken —
+    each step's list exists and has targets for the step's channel. The forms and the
+    configuration file check this when steps are saved; a list renamed, deleted or left without
+    those targets later breaks a step, whose children then park. Returns one warning per list."""
+    try:
+        stored = lists_escalation_stored()
+    except DatabaseError:
+        return []  # no database or table yet (before migrate)
+    found: list[CheckMessage] = []
+    for name, steps in sorted(stored.steps.items()):
+        if not steps:
+            continue
+        problems = escalation_problems(steps=steps, list_name=name, lists=stored.steps, channels_of=stored.channels)
+        if problems:
+            found.append(
+                Warning(
+                    f"The escalation of the list {name!r} cannot be taken as configured: {' '.join(problems)}",
+                    hint="Correct its steps on the list's page (or in the configuration file), or give the step's "
+                    "list targets for its channel; until then the notifications of those steps park.",
+                    id="outbox.W030",
+                )
+            )
+    return found
 
 
 def check_plaintext_auth(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:

@@ -33,8 +33,9 @@ from notifications.channels_config import (
 )
 from notifications.config_secrets import config_secret_resolve
 from notifications.email_address import email_address_problem
+from notifications.escalation import escalation_problems, lists_escalation_stored
 from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, notification_lists_by_name
-from notifications.models import EmailRecipient, NotificationList, SmtpConfiguration
+from notifications.models import AckRequiredFrom, EmailRecipient, NotificationList, SmtpConfiguration
 from notifications.operations import smtp_setting_problem
 from notifications.policies import delivery_policies_all, delivery_policy_store, delivery_policy_validate
 from notifications.secret_binding import secret_bind, secret_kept_problem
@@ -71,7 +72,23 @@ SMTP_SECRETS = ("password", "oauth_client_secret")
 # OAuth client certificate's path (not a secret, so exported; absent keeps the stored one).
 SMTP_CREDENTIALS = (*SMTP_SECRETS, "oauth_client_certificate")
 SMTP_REQUIRED = ("host", "from_address")
-LIST_FIELDS = {"name", "description", "recipient_mode", "resend_after_local_delivery", "email", *TARGET_KEYS}
+# A list's suppression settings (docs/suppression.md): whole seconds or counts; the flood window
+# at least 1 second.
+LIST_SUPPRESSION_FIELDS = {"dedup_window_seconds": 0, "flood_threshold": 0, "flood_window_seconds": 1}
+LIST_FIELDS = {
+    "name",
+    "description",
+    "recipient_mode",
+    "resend_after_local_delivery",
+    "ack_required_from",
+    "escalation",
+    "repeat_last_every_seconds",
+    "email",
+    *TARGET_KEYS,
+    *LIST_SUPPRESSION_FIELDS,
+}
+# The channel each key of a list entry holds targets for.
+CHANNEL_OF_KEY = {"email": "email", "teams": "teams", "webhooks": "webhook", "sms": "sms", "apprise": "apprise"}
 SITE_FIELDS = {"site_id", "name", "active", "rate_limit", "rate_burst"}
 SECTIONS = ("smtp", "channels", "policies", "lists", "sites")
 
@@ -155,6 +172,24 @@ def _validate_policies(policies: Any, problems: list[str]) -> None:
             problems.append(f"policies.{channel}.{name}: {problem}")
 
 
+def _list_settings_problems(entry: dict[str, Any], where: str) -> list[str]:
+    """What is wrong with a list entry's settings (its description, recipient mode, local
+    delivery and acknowledgement choices)."""
+    problems = []
+    if not isinstance(entry.get("description", ""), str):
+        problems.append(f"{where}.description: must be a string.")
+    for field, choices, default in (
+        ("recipient_mode", NotificationList.RecipientMode.values, NotificationList.RecipientMode.BCC),
+        ("ack_required_from", AckRequiredFrom.values, AckRequiredFrom.HIGH),
+    ):
+        value = entry.get(field, default)
+        if not isinstance(value, str) or value not in choices:
+            problems.append(f"{where}.{field}: {value!r} is not one of {', '.join(choices)}.")
+    if not isinstance(entry.get("resend_after_local_delivery", False), bool):
+        problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
+    return problems
+
+
 def _validate_lists(lists: Any, problems: list[str]) -> None:
     if not isinstance(lists, list):
         problems.append("lists: must be a list.")
@@ -181,14 +216,8 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             problems.append(f"{where}.name: is required and must be a non-blank string.")
         for field in sorted(set(entry) - LIST_FIELDS):
             problems.append(f"{where}.{field}: unknown field.")
-        if not isinstance(entry.get("description", ""), str):
-            problems.append(f"{where}.description: must be a string.")
-        mode = entry.get("recipient_mode", NotificationList.RecipientMode.BCC)
-        if not isinstance(mode, str) or mode not in NotificationList.RecipientMode.values:
-            allowed = ", ".join(NotificationList.RecipientMode.values)
-            problems.append(f"{where}.recipient_mode: {mode!r} is not one of {allowed}.")
-        if not isinstance(entry.get("resend_after_local_delivery", False), bool):
-            problems.append(f"{where}.resend_after_local_delivery: must be true or false.")
+        problems.extend(_list_settings_problems(entry, where))
+        _validate_list_suppression(entry, where, problems)
         validate_list_targets(entry, where, problems)
         emails = entry.get("email", [])
         if not isinstance(emails, list):
@@ -203,6 +232,59 @@ def _validate_lists(lists: Any, problems: list[str]) -> None:
             if address.lower() in lowered:
                 problems.append(f"{where}.email[{position}]: {address!r} is listed twice.")
             lowered.add(address.lower())
+
+
+def _validate_escalations(lists: list[Any], problems: list[str]) -> None:
+    """Problems of the entries' escalation steps, checked against the lists as the import would
+    leave them: the stored ones with the file's entries over them (steps and channel targets)."""
+    stored = lists_escalation_stored()
+    by_key = {list_name_key(name): name for name in stored.steps}
+    steps, channels = dict(stored.steps), {name: set(found) for name, found in stored.channels.items()}
+    entries = [entry for entry in lists if isinstance(entry, dict) and isinstance(entry.get("name"), str)]
+    for entry in entries:
+        name = by_key.get(list_name_key(entry["name"]), list_name_normalize(entry["name"]))
+        steps[name] = entry.get("escalation", steps.get(name, []))
+        found = channels.setdefault(name, set())
+        for key, channel in CHANNEL_OF_KEY.items():
+            if key in entry:
+                found.discard(channel)
+                if entry[key]:
+                    found.add(channel)
+    for index, entry in enumerate(lists):
+        if entry not in entries or ("escalation" not in entry and "repeat_last_every_seconds" not in entry):
+            continue
+        name = by_key.get(list_name_key(entry["name"]), list_name_normalize(entry["name"]))
+        where = f"lists[{index}] ({entry['name']!r})"
+        for problem in escalation_problems(
+            steps=steps[name],
+            repeat_last_every_seconds=entry.get("repeat_last_every_seconds", 0),
+            list_name=name,
+            lists=steps,
+            channels_of=channels,
+        ):
+            field = "repeat_last_every_seconds" if problem.startswith("repeat_last_every_seconds") else "escalation"
+            problems.append(f"{where}.{field}: {problem}")
+    in_file = {list_name_key(entry["name"]) for entry in entries}
+    problems += _stored_escalations_problems(stored.steps, in_file=in_file, steps=steps, channels=channels)
+
+
+def _stored_escalations_problems(
+    stored: dict[str, Any], *, in_file: set[str], steps: dict[str, Any], channels: dict[str, set[str]]
+) -> list[str]:
+    """Problems the file makes for the steps of stored lists it does not mention (by their name
+    keys ``in_file``): a step to a list whose targets for the step's channel the file removes."""
+    problems = []
+    for name, own in stored.items():
+        if list_name_key(name) in in_file or not isinstance(own, list):
+            continue
+        targets = {
+            list_name_key(step["list"]) for step in own if isinstance(step, dict) and isinstance(step.get("list"), str)
+        }
+        if not targets & in_file:
+            continue  # the file changes none of the lists it escalates to
+        for problem in escalation_problems(steps=own, list_name=name, lists=steps, channels_of=channels):
+            problems.append(f"lists: the list {name!r} (not in this file) would escalate wrongly: {problem}")
+    return problems
 
 
 def _validate_sites(sites: Any, problems: list[str]) -> None:
@@ -259,6 +341,8 @@ def _resolved(data: Any) -> tuple[Any, list[str]]:
         _validate_policies(data["policies"], problems)
     if "lists" in data:
         _validate_lists(data["lists"], problems)
+        if isinstance(data["lists"], list):
+            _validate_escalations(data["lists"], problems)
     if "sites" in data:
         _validate_sites(data["sites"], problems)
     if isinstance(data.get("smtp"), dict):
@@ -338,6 +422,15 @@ def _smtp_import(smtp: dict[str, Any]) -> str:
     return written
 
 
+def _validate_list_suppression(entry: dict[str, Any], where: str, problems: list[str]) -> None:
+    for name, least in LIST_SUPPRESSION_FIELDS.items():
+        if name not in entry:
+            continue
+        value = entry[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 2**31 - 1:
+            problems.append(f"{where}.{name}: must be a whole number of at least {least}.")
+
+
 def _list_import(entry: dict[str, Any], notification_list: NotificationList | None) -> bool:
     """Write one list entry (validated) over ``notification_list`` (None: a new list); its
     recipients become the entry's. True when the list was created."""
@@ -351,6 +444,8 @@ def _list_import(entry: dict[str, Any], notification_list: NotificationList | No
     notification_list.resend_after_local_delivery = entry.get(
         "resend_after_local_delivery", notification_list.resend_after_local_delivery
     )
+    for field in ("ack_required_from", "escalation", "repeat_last_every_seconds", *LIST_SUPPRESSION_FIELDS):
+        setattr(notification_list, field, entry.get(field, getattr(notification_list, field)))
     notification_list.save()
     notification_list.email_recipients.all().delete()
     EmailRecipient.objects.bulk_create(
@@ -397,6 +492,10 @@ def configuration_export() -> dict[str, Any]:
                 "description": notification_list.description,
                 "recipient_mode": notification_list.recipient_mode,
                 "resend_after_local_delivery": notification_list.resend_after_local_delivery,
+                "ack_required_from": notification_list.ack_required_from,
+                "escalation": notification_list.escalation,
+                "repeat_last_every_seconds": notification_list.repeat_last_every_seconds,
+                **{field: getattr(notification_list, field) for field in LIST_SUPPRESSION_FIELDS},
                 "email": [recipient.email for recipient in notification_list.email_recipients.all()],
                 **list_targets_export(notification_list),
             }

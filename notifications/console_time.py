@@ -36,6 +36,18 @@ def console_time(value: datetime | None) -> str:
     return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname() or 'UTC'}"
 
 
+def console_time_short(value: datetime | str | None) -> str:
+    """``value`` (a datetime or an ISO string) as a 24-hour "02:41" in the active zone, with
+    the date in front when it is not today there; "—" for None."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    today = timezone.localtime(timezone.now()).date() if timezone.is_aware(value) else local.date()
+    return f"{local:%H:%M}" if local.date() == today else f"{local:%Y-%m-%d %H:%M}"
+
+
 def zone_label() -> str:
     """The active zone's name, e.g. "UTC" or "Europe/Zurich"."""
     return str(timezone.get_current_timezone_name())

@@ -10,6 +10,7 @@ An id that already exists is a replay when the same site sent the same content (
 fingerprint), and an idempotency conflict otherwise; neither changes the stored row.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -25,12 +26,25 @@ from typing import Any, cast
 from django.db import transaction
 
 from notifications import db
+from notifications.acknowledgement import ListSettings, acknowledgement_record, asks_ack, list_settings_by_key
 from notifications.channel_targets import teams_type_data_stored, teams_type_data_validate, text_site_masked
 from notifications.email_content import email_type_data_measured, email_type_data_validate
-from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
+from notifications.escalation import (
+    escalation_first_after,
+    notification_escalations,
+    notifications_escalation_start,
+)
+from notifications.list_names import list_name_key, list_name_normalize, list_name_problem, text_control_problem
 from notifications.local_delivery import notifications_delivered_locally_record
 from notifications.models import PRIORITY_NAMES, Notification
 from notifications.providers import notification_targets
+from notifications.suppression import (
+    list_decisions,
+    rows_need_lock,
+    rows_silence,
+    rows_suppression_columns,
+    suppression_lock,
+)
 from notifications.trigger import dispatch_request
 from notifications.vocabulary import ADAPTER_PATHS, targets_summary
 
@@ -89,6 +103,8 @@ TEXT_RULES = (
     TextRule("body", required=True, single_line=False),
     TextRule("source_instance_id", required=False),
     TextRule("source_script", required=False),
+    # "The same alarm again" (docs/suppression.md); blank: none.
+    TextRule("dedup_key", required=False),
     # Optional; when given it must be the key's site (see notification_validate).
     TextRule("source_site_id", required=False, default=None),
 )
@@ -115,6 +131,7 @@ class NotificationInput:
     site_enqueued_at: datetime | None  # None: the site did not say; central uses the ingest time
     source_site_id: str
     priority: int = Notification.Priority.NORMAL
+    dedup_key: str = ""
     # When the site delivered it itself (its agent's local fallback). Not part of the
     # fingerprint: a replay may add it (notifications.local_delivery).
     delivered_locally_at: datetime | None = None
@@ -139,6 +156,9 @@ class NotificationInput:
             # Only a priority other than the default is part of it, so that rows stored before
             # priorities existed keep their fingerprints and their replays stay replays.
             parts += (f"priority={Notification.Priority(self.priority).label}",)
+        if self.dedup_key:
+            # Likewise only when given: a replay carries the same key, so it stays a replay.
+            parts += (f"dedup_key={self.dedup_key}",)
         object.__setattr__(self, "fingerprint", hashlib.sha256("\x00".join(parts).encode()).hexdigest())
 
 
@@ -148,8 +168,9 @@ ACCEPTED_FIELDS = frozenset(f.name for f in dataclasses.fields(NotificationInput
 SUBMITTED_COLUMNS = tuple(f.name for f in dataclasses.fields(NotificationInput))
 # Ingest time, on the database clock: when the row was created and first due; also the site's
 # enqueue time when the site did not say.
-INGEST_TIME_COLUMNS = ("created_at", "next_attempt_at")
-INGEST_TIME_IF_MISSING = ("site_enqueued_at",)
+# (A row held for a flood digest is first due when its digest is: notifications.suppression.)
+INGEST_TIME_COLUMNS = ("created_at",)
+INGEST_TIME_IF_MISSING = ("site_enqueued_at", "next_attempt_at")
 _DEFAULTED_FIELDS = tuple(
     f for f in Notification._meta.concrete_fields if f.attname not in {*SUBMITTED_COLUMNS, *INGEST_TIME_COLUMNS}
 )
@@ -384,6 +405,7 @@ def notification_validate(data: object, *, site_id: str) -> tuple[NotificationIn
             type_data=type_data,
             source_instance_id=cast(str, texts["source_instance_id"]),
             source_script=cast(str, texts["source_script"]),
+            dedup_key=cast(str, texts["dedup_key"]),
             site_enqueued_at=site_enqueued_at,
             source_site_id=site_id,
             priority=priority,
@@ -408,17 +430,17 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
     for item in inputs:
         first_by_id.setdefault(item.notification_id, item)
 
-    rows = [_row_for(item, site_id=site_id) for item in first_by_id.values()]
-    inserted: dict[uuid.UUID, datetime] = {}
-    for start in range(0, len(rows), INSERT_CHUNK):
-        inserted.update(
-            db.insert_ignoring_conflicts(
-                Notification,
-                rows[start : start + INSERT_CHUNK],
-                stamped=INGEST_TIME_COLUMNS,
-                stamped_if_null=INGEST_TIME_IF_MISSING,
-            )
-        )
+    # Each list's settings as this process last read them (at most a few seconds old).
+    settings_by_key = list_settings_by_key()
+    lists = {item.list_name: settings_by_key.get(list_name_key(item.list_name)) for item in first_by_id.values()}
+    rows = [_row_for(item, site_id=site_id, list_settings=lists[item.list_name]) for item in first_by_id.values()]
+    # Seconds to the first escalation step of the rows whose list escalates them.
+    escalating = {
+        item.notification_id: after
+        for item in first_by_id.values()
+        if (after := escalation_first_after(priority=item.priority, list_settings=lists[item.list_name]))
+    }
+    inserted = _rows_insert(rows, site_id=site_id, escalating=escalating)
 
     if inserted:
         transaction.on_commit(dispatch_request)  # coalesced; costs this request no query
@@ -458,6 +480,73 @@ def notifications_ingest(*, site_id: str, inputs: Sequence[NotificationInput]) -
     return outcomes
 
 
+def _rows_insert(
+    rows: list[dict[str, Any]], *, site_id: str, escalating: dict[uuid.UUID, int]
+) -> dict[uuid.UUID, datetime]:
+    """Insert the new rows, suppressed where a silence, a duplicate or a flood says so
+    (notifications.suppression); ``{id: ingest time}`` of the rows inserted. A row in
+    ``escalating`` (seconds to its first escalation step) that is sent now is committed with its
+    first due time, never without it (notifications.escalation)."""
+    rows_suppression_columns(rows)
+    rows_silence(rows)
+    locked_lists = {name.casefold(): name for name in rows_need_lock(rows)}
+    plain = [row for row in rows if row["list_name"].casefold() not in locked_lists]
+    inserted: dict[uuid.UUID, datetime] = {}
+    for start in range(0, len(plain), INSERT_CHUNK):
+        inserted.update(_insert(plain[start : start + INSERT_CHUNK], escalating=escalating))
+    for folded, list_name in locked_lists.items():
+        group = [row for row in rows if row["list_name"].casefold() == folded]
+        inserted.update(_insert_deciding(site_id=site_id, list_name=list_name, rows=group, escalating=escalating))
+    return inserted
+
+
+def _insert(rows: list[dict[str, Any]], *, escalating: dict[uuid.UUID, int]) -> dict[uuid.UUID, datetime]:
+    """Insert ``rows``; a Suppressed row is never due (its next attempt stays null) and never
+    escalates, nor does a row held for a flood digest (it starts when released)."""
+    suppressed = [row for row in rows if row["status"] == Notification.Status.SUPPRESSED]
+    others = [row for row in rows if row["status"] != Notification.Status.SUPPRESSED]
+    starting = escalating.keys() & {row["notification_id"] for row in others if row.get("held_for_digest") is None}
+    with transaction.atomic() if starting else contextlib.nullcontext():
+        inserted = db.insert_ignoring_conflicts(
+            Notification, others, stamped=INGEST_TIME_COLUMNS, stamped_if_null=INGEST_TIME_IF_MISSING
+        )
+        notifications_escalation_start(
+            created={nid: (inserted[nid], escalating[nid]) for nid in starting if nid in inserted}
+        )
+    inserted.update(
+        db.insert_ignoring_conflicts(
+            Notification, suppressed, stamped=INGEST_TIME_COLUMNS, stamped_if_null=("site_enqueued_at",)
+        )
+    )
+    return inserted
+
+
+def _insert_deciding(
+    *, site_id: str, list_name: str, rows: list[dict[str, Any]], escalating: dict[uuid.UUID, int]
+) -> dict[uuid.UUID, datetime]:
+    """Insert the rows of one list whose fate depends on earlier rows (duplicates, floods): in
+    one transaction under the list's lock, deciding for the rows that are new (a replay changes
+    nothing), then recording what the decisions counted."""
+    inserted: dict[uuid.UUID, datetime] = {}
+    with transaction.atomic():
+        now = suppression_lock(site_id=site_id, list_name=list_name)
+        existing: set[Any] = set()
+        if len(rows) > 1:
+            # A replay must not count, nor stand as the anchor of the rows after it. A single
+            # row (one API request) needs no look: a replay's insert does nothing, and its
+            # counts are taken back below.
+            ids = [row["notification_id"] for row in rows]
+            existing = set(Notification.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        decisions = list_decisions(site_id=site_id, list_name=list_name, now=now)
+        for row in rows:
+            if row["notification_id"] not in existing:
+                decisions.decide(row)
+        for start in range(0, len(rows), INSERT_CHUNK):
+            inserted.update(_insert(rows[start : start + INSERT_CHUNK], escalating=escalating))
+        decisions.save(inserted)
+    return inserted
+
+
 def _delivered_locally_add(*, site_id: str, inputs: Sequence[NotificationInput], outcomes: list[IngestOutcome]) -> None:
     """Replays that say the site delivered the row itself add that to a row that does not say
     so yet (notifications.local_delivery); the outcome's row shows it."""
@@ -495,11 +584,15 @@ def _outcomes_log(*, site_id: str, inputs: Sequence[NotificationInput], outcomes
             )
 
 
-def _row_for(item: NotificationInput, *, site_id: str) -> dict[str, Any]:
+def _row_for(item: NotificationInput, *, site_id: str, list_settings: ListSettings | None) -> dict[str, Any]:
     """The submitted columns of the new row (plain values: a model instance per row would
-    cost more than the insert). The ingest time is left to the insert (the database's clock)."""
+    cost more than the insert), and whether it asks for acknowledgement (its list decides).
+    The ingest time is left to the insert (the database's clock)."""
     row = {name: getattr(item, name) for name in SUBMITTED_COLUMNS}
     row["source_site_id"] = site_id
+    row["asks_ack"] = asks_ack(
+        priority=item.priority, ack_required_from=list_settings.ack_required_from if list_settings else None
+    )
     if item.type in TYPE_DATA_STORED:
         row["type_data"] = TYPE_DATA_STORED[item.type](item.type_data)
     return row
@@ -514,6 +607,8 @@ def _created(row: dict[str, Any], ingest_time: datetime) -> SimpleNamespace:
     for name in INGEST_TIME_IF_MISSING:
         if values[name] is None:
             values[name] = ingest_time
+    if values["status"] == Notification.Status.SUPPRESSED:
+        values["next_attempt_at"] = None  # final at once: never due
     return SimpleNamespace(**values)
 
 
@@ -539,8 +634,26 @@ def notification_status_record(notification: Any, *, staff: bool = False) -> dic
         "next_attempt_at": _iso(notification.next_attempt_at),
         "delivered_at": _iso(notification.delivered_at),
         "delivered_locally_at": _iso(getattr(notification, "delivered_locally_at", None)),
+        **suppression_record(notification),
         **_targets_record(getattr(notification, "resolved_targets", None)),
         "targets": notification_targets(notification, staff=staff),
+        **acknowledgement_record(notification, staff=staff),
+        "escalations": [
+            {**child, "created_at": _iso(child["created_at"])} for child in notification_escalations(notification)
+        ],
+    }
+
+
+def suppression_record(notification: Any) -> dict[str, Any]:
+    """``suppressed_by`` (blank unless it was suppressed), ``dedup_key``, ``occurrences`` (the
+    times its alarm was raised while it stood for its duplicates, itself included),
+    ``last_occurrence_at`` and ``held_for_digest`` (when a flood digest takes it, else null)."""
+    return {
+        "suppressed_by": getattr(notification, "suppressed_by", ""),
+        "dedup_key": getattr(notification, "dedup_key", ""),
+        "occurrences": getattr(notification, "occurrences", 1),
+        "last_occurrence_at": _iso(getattr(notification, "last_occurrence_at", None)),
+        "held_for_digest": _iso(getattr(notification, "held_for_digest", None)),
     }
 
 

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, Value
 from django.utils import timezone
 
+from notifications.ack_kpis import time_to_ack, unacknowledged_counts
 from notifications.backlog import deliveries_queued_by_site, queue_depth_by_priority
 from notifications.counts import counts_fold, counts_kept, failures_since, oldest_queued, open_counts, stuck_counts
 from notifications.health import channels_unhealthy
@@ -36,6 +37,8 @@ COUNTS = (
     "delivered_last_interval",
     "partially_delivered_last_interval",
     "deliveries_queued",
+    "suppressed_last_interval",
+    "held_for_digest",
 )
 OPEN_COUNTS = ("queue_depth", "stuck", "parked", "expired")
 
@@ -48,7 +51,9 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     parked, expired (the parked ones that were parked for their age), delivered_last_interval
     (within OUTBOX_KPI_INTERVAL), partially_delivered_last_interval (of those, the ones some
     targets refused for good), deliveries_queued (the waiting notifications times the targets
-    of their lists: notifications.backlog) and oldest_pending_age_seconds (the oldest
+    of their lists: notifications.backlog), suppressed_last_interval (created within the
+    interval and Suppressed: duplicates, silenced, folded into digests), held_for_digest (Pending
+    rows a flood holds for its digest; part of queue_depth) and oldest_pending_age_seconds (the oldest
     non-terminal notification's age; None when none). The global set also holds
     failures_last_interval: failed attempts within the interval, per failure class (every
     class, 0 included), and queue_depth_by_priority (every priority, 0 included). ``channels``: the open or half-open channel endpoints
@@ -64,6 +69,8 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
         figures = counts.setdefault(row["source_site_id"], dict.fromkeys(COUNTS, 0))
         figures["delivered_last_interval"] += row["delivered"]
         figures["partially_delivered_last_interval"] += row["partial"]
+    for site_id, figures_of_site in suppression_counts_by_site(since=since).items():
+        counts.setdefault(site_id, dict.fromkeys(COUNTS, 0)).update(figures_of_site)
     for site_id, deliveries in deliveries_queued_by_site().items():
         counts.setdefault(site_id, dict.fromkeys(COUNTS, 0))["deliveries_queued"] = deliveries
     per_site = {
@@ -75,12 +82,26 @@ def kpis_compute(*, now: datetime | None = None) -> dict[str, Any]:
     overall["oldest_pending_age_seconds"] = _age(now, oldest_overall)
     overall["failures_last_interval"] = _failures_since(since)
     overall["queue_depth_by_priority"] = queue_depth_by_priority(queue_depth=overall["queue_depth"])
+    _acknowledgement_add(overall=overall, per_site=per_site, since=since)
     return {
         "global": overall,
         "per_site": dict(sorted(per_site.items())),
         "channels": channels_unhealthy(queue_depth=overall["queue_depth"]),
         "computed_at": now.isoformat().replace("+00:00", "Z"),
     }
+
+
+def _acknowledgement_add(*, overall: dict[str, Any], per_site: dict[str, dict[str, Any]], since: datetime) -> None:
+    """The acknowledgement figures (notifications.ack_kpis): ``unacknowledged`` (and by priority,
+    globally) and ``time_to_ack`` (per list and site globally; each site's own beside its
+    other figures, a site without any left as it is)."""
+    by_priority, by_site = unacknowledged_counts()
+    overall["unacknowledged"] = sum(by_priority.values())
+    overall["unacknowledged_by_priority"] = by_priority
+    overall["time_to_ack"] = time_to_ack(since=since)
+    for site_id, figures in per_site.items():
+        figures["unacknowledged"] = by_site.get(site_id, 0)
+        figures["time_to_ack"] = overall["time_to_ack"]["per_site"].get(site_id)
 
 
 def _open_figures_kept(stuck_before: datetime) -> tuple[dict[str, dict[str, int]], dict[str, datetime]]:
@@ -173,3 +194,27 @@ def _earliest(first: datetime | None, second: datetime | None) -> datetime | Non
 
 def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else round(max(0.0, (now - then).total_seconds()), 3)
+
+
+def suppression_counts_by_site(*, since: datetime) -> dict[str, dict[str, int]]:
+    """Per site: ``suppressed_last_interval`` (Suppressed rows created since ``since``: the
+    status-and-creation index) and ``held_for_digest`` (Pending rows held now: a partial index
+    of a handful of rows). One statement."""
+    suppressed = Q(status=Notification.Status.SUPPRESSED, created_at__gte=since)
+    held = Q(held_for_digest__isnull=False, status=Notification.Status.PENDING)
+    rows = (
+        Notification.objects.filter(suppressed | held)
+        .values("source_site_id")
+        .annotate(
+            suppressed_last_interval=Count("created_at", filter=suppressed),
+            held_for_digest=Count("created_at", filter=held),
+        )
+        .order_by()
+    )
+    return {
+        row["source_site_id"]: {
+            "suppressed_last_interval": row["suppressed_last_interval"],
+            "held_for_digest": row["held_for_digest"],
+        }
+        for row in rows
+    }

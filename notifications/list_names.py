@@ -12,7 +12,9 @@ configuration file; delivery finds the one by the other. All three go through th
   locale and differs from Python's for many scripts.
 * **Checks.** A name must not contain control characters, line or paragraph separators or
   invisible formatting characters, and must not mix letters of several scripts (a Cyrillic
-  ``О`` in ``Оperators`` looks exactly like the Latin name but is another one).
+  ``О`` in ``Оperators`` looks exactly like the Latin name but is another one) beyond those one
+  writing system uses together (Unicode's highly restrictive profile: ``ポンプ監視班`` is kanji
+  and katakana, one Japanese name).
 """
 
 import re
@@ -23,7 +25,21 @@ from notifications.models import NotificationList
 
 # Scripts of letters are told apart by the first word of their Unicode name ("LATIN SMALL
 # LETTER A", "CYRILLIC CAPITAL LETTER O"); the standard library has no script property.
-_SCRIPT_ALIASES = {"MODIFIER": "", "FULLWIDTH": "LATIN"}
+_SCRIPT_ALIASES = {
+    "MODIFIER": "",
+    "FULLWIDTH": "LATIN",
+    "CJK": "HAN",
+    "HALFWIDTH": "KATAKANA",  # HALFWIDTH KATAKANA LETTER …
+    "KATAKANA-HIRAGANA": "",  # the prolonged sound mark ー belongs to both
+}
+# The script combinations that one writing system uses together, as Unicode's "highly
+# restrictive" profile allows them (UTS #39, 5.2): Japanese mixes Han, Hiragana and Katakana
+# (ポンプ監視班), Chinese Han and Bopomofo, Korean Han and Hangul — each with Latin.
+_SCRIPT_FAMILIES = (
+    frozenset({"LATIN", "HAN", "HIRAGANA", "KATAKANA"}),
+    frozenset({"LATIN", "HAN", "BOPOMOFO"}),
+    frozenset({"LATIN", "HAN", "HANGUL"}),
+)
 
 
 def list_name_normalize(name: str) -> str:
@@ -65,7 +81,8 @@ _CONTROL_CHARACTER = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 def list_name_problem(name: str) -> str | None:
     """Why ``name`` (in normal form) cannot name a list, or None: a control character, an
     invisible formatting character (zero-width space, bidirectional override …), or letters of
-    more than one script (a look-alike of another name)."""
+    more than one script (a look-alike of another name) — except the scripts one writing system
+    uses together (Japanese kanji with kana, and Latin with them)."""
     problem = text_control_problem(name)
     if problem:
         return problem
@@ -78,7 +95,7 @@ def list_name_problem(name: str) -> str | None:
             script = _script(character)
             if script:
                 scripts.add(script)
-    if len(scripts) > 1:
+    if len(scripts) > 1 and not any(scripts <= family for family in _SCRIPT_FAMILIES):
         mixed = " and ".join(sorted(script.title() for script in scripts))
         return f"Mixes {mixed} letters; a name that looks like another one is refused."
     return None
@@ -93,7 +110,13 @@ def notification_lists_by_name(*, names: Iterable[str]) -> dict[str, Notificatio
         return {}
     by_key: dict[str, NotificationList] = {}
     for notification_list in NotificationList.objects.only(
-        "pk", "name", "recipient_mode", "resend_after_local_delivery"
+        "pk",
+        "name",
+        "recipient_mode",
+        "resend_after_local_delivery",
+        "ack_required_from",
+        "escalation",
+        "repeat_last_every_seconds",
     ).order_by("pk"):
         by_key.setdefault(list_name_key(notification_list.name), notification_list)
     return {name: by_key[key] for name, key in wanted.items() if key in by_key}

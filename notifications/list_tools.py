@@ -4,6 +4,7 @@ and many recipient addresses pasted at once."""
 
 import uuid
 from dataclasses import dataclass
+from email.utils import getaddresses
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -87,8 +88,10 @@ def list_send_test(
 
 def addresses_parse(text: str) -> tuple[list[str], list[str]]:
     """``(addresses, problems)`` from pasted text, one address per line (commas and semicolons
-    also separate); blank lines are skipped, repeats kept once (ignoring case). Each problem
-    names its line."""
+    also separate); blank lines are skipped, repeats kept once (ignoring case). What a mail
+    program copies is understood: ``Robert Ito <r.ito@example.com>`` and Outlook's
+    ``Ito, Robert <r.ito@example.com>; Dubois, Pierre <…>`` give the addresses (the names are
+    not kept). Each problem names its line."""
     addresses: list[str] = []
     problems: list[str] = []
     seen: set[str] = set()
@@ -96,22 +99,52 @@ def addresses_parse(text: str) -> tuple[list[str], list[str]]:
     if len(lines) > PASTE_MAX_LINES:
         return [], [f"Paste at most {PASTE_MAX_LINES} lines at a time ({len(lines)} were pasted)."]
     for number, line in enumerate(lines, start=1):
-        for part in line.replace(";", ",").split(","):
-            address = part.strip().strip("<>").strip()
-            if not address:
-                continue
-            try:
-                validate_email(address)
-            except ValidationError:
-                problems.append(f"Line {number}: “{address[:80]}” is not an email address.")
-                continue
-            if len(address) > EmailRecipient._meta.get_field("email").max_length:  # type: ignore[operator]
-                problems.append(f"Line {number}: “{address[:80]}…” is too long for an address.")
-                continue
-            if address.lower() not in seen:
+        for address in _line_addresses(line):
+            problem = _pasted_address_problem(address)
+            if problem:
+                where = f" (in “{line.strip()[:80]}”)" if address != line.strip() else ""
+                problems.append(f"Line {number}: {problem[:-1]}{where}.")
+            elif address.lower() not in seen:
                 seen.add(address.lower())
                 addresses.append(address)
     return addresses, problems
+
+
+def address_pasted(text: str) -> str:
+    """The one address in ``text`` as a mail program copies it ("Robert Ito <r.ito@…>"), or
+    ``text`` itself stripped when it is not that (the caller's validation then says why)."""
+    found = _line_addresses(text)
+    return found[0] if len(found) == 1 else text.strip()
+
+
+def _line_addresses(line: str) -> list[str]:
+    """The addresses of one pasted line, by the mail header rules (email.utils.getaddresses).
+    An unquoted "Last, First <address>" parses as a bare "Last" and then "First <address>": a
+    bare word without "@" right before a named address is that name's first half, not an
+    address. A line of bare addresses is split as typed, so that a problem quotes it whole."""
+    if "<" not in line and '"' not in line:
+        return [part.strip() for part in line.replace(";", ",").split(",") if part.strip()]
+    entries = getaddresses([line.replace(";", ",")])
+    found = []
+    for index, (name, address) in enumerate(entries):
+        address = address.strip()
+        if not address:
+            continue
+        following = entries[index + 1] if index + 1 < len(entries) else ("", "")
+        if not name and "@" not in address and following[0] and following[1]:
+            continue
+        found.append(address)
+    return found
+
+
+def _pasted_address_problem(address: str) -> str | None:
+    try:
+        validate_email(address)
+    except ValidationError:
+        return f"“{address[:80]}” is not an email address."
+    if len(address) > EmailRecipient._meta.get_field("email").max_length:  # type: ignore[operator]
+        return f"“{address[:80]}…” is too long for an address."
+    return None
 
 
 def list_add_addresses(*, notification_list: NotificationList, addresses: list[str]) -> tuple[list[str], list[str]]:

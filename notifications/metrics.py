@@ -5,7 +5,8 @@ Two kinds of figures, with their names fixed (dashboards and alert rules use the
 * **Counted by the dispatcher** where deliveries finish (:func:`deliveries_observe`):
   ``outbox_deliveries_total{channel,outcome}`` (outcome: delivered, retrying, parked),
   ``outbox_delivery_seconds{channel}`` (the adapter call of every started attempt) and
-  ``outbox_ingest_to_delivered_seconds`` (from a row's ``created_at`` to its delivery).
+  ``outbox_ingest_to_delivered_seconds`` (from a row's ``created_at`` to its delivery); and,
+  where a notification is acknowledged (web processes), ``outbox_time_to_ack_seconds``.
   Worker and web processes are many (django-q2 forks its workers, gunicorn its own), so the
   values live in prometheus-client's multiprocess files under ``PROMETHEUS_MULTIPROC_DIR``
   (set by manage.py and gunicorn.conf.py, ``var/metrics`` by default): every process writes
@@ -13,7 +14,7 @@ Two kinds of figures, with their names fixed (dashboards and alert rules use the
   share the directory; a directory of its own per host (a tmpfs such as /run, emptied at
   boot).
 * **Read from the database at scrape time** (:class:`KpiCollector`): ``outbox_queue_depth
-  {site}``, ``outbox_queue_depth_by_priority{priority}``, ``outbox_parked{site}``, ``outbox_stuck``, ``outbox_oldest_pending_seconds``,
+  {site}``, ``outbox_queue_depth_by_priority{priority}``, ``outbox_unacknowledged{priority}``, ``outbox_parked{site}``, ``outbox_suppressed_last_interval{site}``, ``outbox_held_for_digest{site}``, ``outbox_stuck``, ``outbox_oldest_pending_seconds``,
   ``outbox_site_backlog{site}``, ``outbox_channel_open{channel}``. They come from the same
   index-only queries as the console's KPIs (notifications.kpis), cached for
   OUTBOX_METRICS_CACHE_SECONDS per process, so a scrape costs at most one KPI pass and a
@@ -65,6 +66,11 @@ DELIVERY_SECONDS = Histogram(
     ["channel"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
+TIME_TO_ACK = Histogram(
+    "outbox_time_to_ack_seconds",
+    "Time from a notification's creation at central to its acknowledgement (escalation steps count for their parent).",
+    buckets=(10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0),
+)
 INGEST_TO_DELIVERED = Histogram(
     "outbox_ingest_to_delivered_seconds",
     "Time from a notification's ingest at central to its delivery.",
@@ -92,6 +98,11 @@ def deliveries_observe(
         children[channel].observe(seconds)
     for created_at in delivered_created:
         INGEST_TO_DELIVERED.observe(max(0.0, (now - created_at).total_seconds()))
+
+
+def time_to_ack_observe(seconds: float) -> None:
+    """Record one acknowledgement, ``seconds`` after its notification was created at central."""
+    TIME_TO_ACK.observe(max(0.0, seconds))
 
 
 # --- figures from the database ------------------------------------------------------------------
@@ -131,10 +142,16 @@ def kpi_figures() -> dict[str, Any]:
     open_channels = {entry["channel"] for entry in kpis["channels"]}  # open or half open
     return {
         "per_site": {
-            site: {"queue_depth": figures["queue_depth"], "parked": figures["parked"]}
+            site: {
+                "queue_depth": figures["queue_depth"],
+                "parked": figures["parked"],
+                "suppressed_last_interval": figures["suppressed_last_interval"],
+                "held_for_digest": figures["held_for_digest"],
+            }
             for site, figures in kpis["per_site"].items()
         },
         "by_priority": kpis["global"]["queue_depth_by_priority"],
+        "unacknowledged_by_priority": kpis["global"]["unacknowledged_by_priority"],
         "stuck": kpis["global"]["stuck"],
         "oldest_pending_seconds": kpis["global"]["oldest_pending_age_seconds"] or 0.0,
         "site_backlog": {
@@ -161,11 +178,26 @@ class KpiCollector(Collector):
             "Notifications parked (delivery given up until an operator acts), by site.",
             labels=["site"],
         )
+        suppressed = GaugeMetricFamily(
+            "outbox_suppressed_last_interval",
+            "Notifications suppressed (duplicates, silenced, folded into digests) among those created within "
+            "OUTBOX_KPI_INTERVAL, by site.",
+            labels=["site"],
+        )
+        held = GaugeMetricFamily(
+            "outbox_held_for_digest",
+            "Notifications a flood holds for its digest (in the queue depth), by site.",
+            labels=["site"],
+        )
         for site, site_figures in sorted(per_site.items()):
             depth.add_metric([site], site_figures["queue_depth"])
             parked.add_metric([site], site_figures["parked"])
+            suppressed.add_metric([site], site_figures.get("suppressed_last_interval", 0))
+            held.add_metric([site], site_figures.get("held_for_digest", 0))
         yield depth
         yield parked
+        yield suppressed
+        yield held
         # Beside the per-site depth, never instead of it: alerts that sum outbox_queue_depth
         # over its site label keep summing exactly the rows they always did.
         by_priority = GaugeMetricFamily(
@@ -176,6 +208,14 @@ class KpiCollector(Collector):
         for priority, count in figures["by_priority"].items():
             by_priority.add_metric([priority], count)
         yield by_priority
+        unacknowledged = GaugeMetricFamily(
+            "outbox_unacknowledged",
+            "Notifications that ask for acknowledgement and are neither acknowledged nor cleared, by priority.",
+            labels=["priority"],
+        )
+        for priority, count in figures["unacknowledged_by_priority"].items():
+            unacknowledged.add_metric([priority], count)
+        yield unacknowledged
         yield GaugeMetricFamily(
             "outbox_stuck",
             "Non-terminal notifications older than OUTBOX_STUCK_AGE.",
@@ -221,7 +261,7 @@ def metrics_registry() -> CollectorRegistry:
     if MULTIPROCESS:
         MetricsFilesCollector(registry, directory=os.environ["PROMETHEUS_MULTIPROC_DIR"])
     else:
-        for metric in (DELIVERIES, DELIVERY_SECONDS, INGEST_TO_DELIVERED):
+        for metric in (DELIVERIES, DELIVERY_SECONDS, INGEST_TO_DELIVERED, TIME_TO_ACK):
             registry.register(metric)
     registry.register(KpiCollector())
     return registry

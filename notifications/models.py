@@ -16,18 +16,21 @@ from notifications.channel_targets import apprise_url_masked, url_masked
 from notifications.db import ClaimIndex
 from notifications.fields import EncryptedTextField
 from notifications.secret_binding import secrets_bind_changed, teams_url_digest
-from notifications.vocabulary import TYPE_CHOICES, FailureClass
+from notifications.vocabulary import TYPE_CHOICES, FailureClass, FailureCode
 
 
 class NotificationStatus(models.TextChoices):
     """Where a notification is in its life: Pending and Retrying wait for delivery; Delivered,
-    Parked and Discarded are terminal. Also ``Notification.Status``."""
+    Parked, Discarded and Suppressed are terminal (Suppressed: never sent, as a duplicate, under
+    a silence or folded into a digest; ``suppressed_by`` says which). Also
+    ``Notification.Status``."""
 
     PENDING = "Pending"
     RETRYING = "Retrying"
     DELIVERED = "Delivered"
     PARKED = "Parked"
     DISCARDED = "Discarded"
+    SUPPRESSED = "Suppressed"
 
 
 class NotificationPriority(models.IntegerChoices):
@@ -75,7 +78,12 @@ class AckRequiredFrom(models.TextChoices):
 
 # Defined beside the class, not in it: the model's Meta (indexes, constraints) needs them too.
 NON_TERMINAL = (NotificationStatus.PENDING, NotificationStatus.RETRYING)
-TERMINAL = (NotificationStatus.DELIVERED, NotificationStatus.PARKED, NotificationStatus.DISCARDED)
+TERMINAL = (
+    NotificationStatus.DELIVERED,
+    NotificationStatus.PARKED,
+    NotificationStatus.DISCARDED,
+    NotificationStatus.SUPPRESSED,
+)
 
 
 class Notification(models.Model):
@@ -106,6 +114,9 @@ class Notification(models.Model):
     # they never count against the policy's max_attempts.
     channel_failures = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.TextField(blank=True)
+    # The stable name of the last failure when it has one (vocabulary.FailureCode), so that
+    # the console recognises it whatever the wording of last_error.
+    failure_code = models.CharField(max_length=32, choices=FailureCode.choices, blank=True, default="", db_default="")
     # One entry per target with its outcome (notifications.vocabulary.TargetOutcome): who
     # has it, who refused it for good, who is still owed it (retried) and who may have it.
     resolved_targets = models.JSONField(default=list, blank=True)
@@ -150,6 +161,18 @@ class Notification(models.Model):
     escalation_of = models.UUIDField(null=True, blank=True)
     escalation_step = models.SmallIntegerField(null=True, blank=True)
     escalation_due_at = models.DateTimeField(null=True, blank=True)
+
+    # Suppression (docs/suppression.md). ``suppressed_by``: why a Suppressed row was never sent,
+    # "duplicate:<notification id>", "silence:<silence id>" or "digest:<digest's notification
+    # id>"; blank otherwise. ``dedup_key``: the site's name for "the same alarm again".
+    # ``occurrences``/``last_occurrence_at``: on the row its duplicates were suppressed against,
+    # how many times the alarm was raised counting itself, and when last. ``held_for_digest``:
+    # a Pending row held back by a flood (never claimed) until its digest is made at this time.
+    suppressed_by = models.CharField(max_length=80, blank=True, default="", db_default="")
+    dedup_key = models.CharField(max_length=200, blank=True, default="", db_default="")
+    occurrences = models.PositiveIntegerField(default=1, db_default=1)
+    last_occurrence_at = models.DateTimeField(null=True, blank=True)
+    held_for_digest = models.DateTimeField(null=True, blank=True)
 
     # The claim is a lease, not a status: a row whose lease expired is due again.
     claimed_by = models.CharField(max_length=64, blank=True)
@@ -206,11 +229,41 @@ class Notification(models.Model):
                 name="notif_escalation_of_idx",
                 condition=models.Q(escalation_of__isnull=False),
             ),
+            # Time to acknowledge: the rows acknowledged lately (notifications.ack_kpis).
+            models.Index(
+                fields=["acknowledged_at"],
+                name="notif_acknowledged_idx",
+                condition=models.Q(acknowledged_at__isnull=False),
+            ),
+            # Duplicates: the last row of a site, list and dedup_key (only rows that have a key).
+            models.Index(
+                fields=["source_site_id", "list_name", "dedup_key", "-created_at"],
+                name="notif_dedup_idx",
+                condition=~models.Q(dedup_key=""),
+            ),
+            # Flood digests: the held rows by when their digest is due (a handful at any time).
+            models.Index(
+                fields=["held_for_digest"],
+                name="notif_held_idx",
+                condition=models.Q(held_for_digest__isnull=False),
+            ),
+            # Parked rows with a stable failure code (the console's "the list exists now").
+            models.Index(
+                fields=["failure_code", "list_name"],
+                name="notif_parked_code_idx",
+                condition=models.Q(status=NotificationStatus.PARKED) & ~models.Q(failure_code=""),
+            ),
             # The unacknowledged ones (the console's tile, the gauge), newest first.
             models.Index(
                 fields=["priority", "created_at"],
                 name="notif_unacknowledged_idx",
                 condition=models.Q(asks_ack=True, acknowledged_at__isnull=True, cleared_at__isnull=True),
+            ),
+            # A site's recent acknowledgements, which travel back to its agent (sites.services).
+            models.Index(
+                fields=["source_site_id", "acknowledged_at"],
+                name="notif_site_acknowledged_idx",
+                condition=models.Q(acknowledged_at__isnull=False),
             ),
         ]
         constraints = [
@@ -222,6 +275,12 @@ class Notification(models.Model):
             models.CheckConstraint(
                 condition=models.Q(priority__in=NotificationPriority.values), name="notif_priority_valid"
             ),
+            # One child per parent and escalation step (notifications.escalation).
+            models.UniqueConstraint(
+                fields=["escalation_of", "escalation_step"],
+                condition=models.Q(escalation_of__isnull=False),
+                name="notif_escalation_step_unique",
+            ),
         ]
         permissions = [
             ("retry_notification", "Can retry parked notifications and retry waiting ones now"),
@@ -231,6 +290,13 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.notification_id} {self.status} {self.subject[:40]}"
+
+    @property
+    def suppressed_reason(self) -> str:
+        """``suppressed_by`` in words ("a duplicate of …", "silence 4", "folded into digest …")."""
+        kind, _, ref = self.suppressed_by.partition(":")
+        words = {"duplicate": "a duplicate of", "silence": "silenced by silence", "digest": "folded into digest"}
+        return f"{words.get(kind, kind)} {ref}".strip()
 
 
 class NotificationCount(models.Model):
@@ -391,6 +457,23 @@ class NotificationList(models.Model):
         default=0,
         db_default=0,
         help_text="After the last escalation step, repeat it this often until someone acknowledges; 0: never.",
+    )
+
+    # Suppression (docs/suppression.md).
+    dedup_window_seconds = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="A notification with the same dedup_key from the same site within this many seconds of the last "
+        "one sent (and not acknowledged or cleared) is suppressed as its duplicate; 0: off.",
+    )
+    flood_threshold = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="More notifications than this from one site per flood window are held and sent as one digest "
+        "at the window's end (critical ones always singly); 0: off.",
+    )
+    flood_window_seconds = models.PositiveIntegerField(
+        default=60, db_default=60, validators=[MinValueValidator(1)], help_text="The flood window, in seconds."
     )
 
     class Meta:
@@ -890,6 +973,110 @@ class ProviderMessage(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["provider", "provider_id"], name="provider_message_unique_id"),
         ]
+        indexes = [
+            # SMS replies: the messages sent to one number lately (notifications.sms_replies).
+            models.Index(fields=["provider", "target_ref", "created_at"], name="provider_message_target_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.provider} {self.provider_id}: {self.provider_status}"
+
+
+# --- suppression (docs/suppression.md) ---------------------------------------------------------
+
+
+class Silence(models.Model):
+    """Quiet for a while (Alertmanager-style): a notification that matches every given matcher
+    of an active silence when it is ingested is Suppressed ("silence:<id>"). Blank matchers
+    match everything; high and critical notifications only when included."""
+
+    site = models.CharField("site id", max_length=64, blank=True, help_text="Blank: every site.")
+    list_name = models.CharField(max_length=200, blank=True, help_text="Blank: every list.")
+    source_instance_id = models.CharField(max_length=200, blank=True, help_text="Blank: every source.")
+    subject_contains = models.CharField(max_length=255, blank=True, help_text="Case-insensitive; blank: every subject.")
+    starts_at = models.DateTimeField(default=timezone.now)
+    ends_at = models.DateTimeField()
+    reason = models.TextField()
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    include_high = models.BooleanField(default=False)
+    include_critical = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-starts_at"]
+        indexes = [models.Index(fields=["ends_at"], name="silence_ends_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(ends_at__gt=models.F("starts_at")), name="silence_ends_after_start"
+            )
+        ]
+
+    def __str__(self) -> str:
+        scope = ", ".join(
+            f"{name}={value}"
+            for name, value in (
+                ("site", self.site),
+                ("list", self.list_name),
+                ("source", self.source_instance_id),
+                ("subject~", self.subject_contains),
+            )
+            if value
+        )
+        return f"silence {self.pk} ({scope or 'everything'}) until {self.ends_at:%Y-%m-%d %H:%M} UTC"
+
+
+class MaintenanceWindow(models.Model):
+    """A weekly window during which a site's notifications are suppressed like a silence of that
+    site ("silence:mw<id>"). Local times in ``time_zone``; ``ends`` before ``starts`` crosses
+    midnight (the window then belongs to the day it starts on)."""
+
+    site = models.CharField("site id", max_length=64)
+    days = models.JSONField(default=list, help_text="Weekdays it starts on, 0 = Monday … 6 = Sunday.")
+    starts = models.TimeField()
+    ends = models.TimeField()
+    time_zone = models.CharField(max_length=64, default="UTC", help_text="IANA name, e.g. Europe/Berlin.")
+    reason = models.TextField(blank=True)
+    include_high = models.BooleanField(default=False)
+    include_critical = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["site", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.site}: {self.starts:%H:%M}–{self.ends:%H:%M} {self.time_zone}"
+
+
+class FloodWindow(models.Model):
+    """The current flood window of one site, list and channel (notifications.suppression): how
+    many notifications it has counted, and when it ends."""
+
+    site = models.CharField(max_length=64)
+    list_name = models.CharField(max_length=200)
+    type = models.CharField(max_length=32)
+    started_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["site", "list_name", "type"], name="flood_window_unique_key")]
+
+    def __str__(self) -> str:
+        return f"{self.site} {self.list_name} {self.type}: {self.count} until {self.ends_at:%H:%M:%S}"
+
+
+class IncidentNote(models.Model):
+    """An operator's note on an open channel or a group of parked rows ("relay team called, ETA
+    04:00"), for the next shift: who wrote it and when. Notes are kept (never edited), newest
+    first. A note is not an acknowledgement: it changes no notification."""
+
+    # What the note is about: "channel:<name>" or "parked:<cause key>" (console.cause_key).
+    subject = models.CharField(max_length=100)
+    text = models.TextField(max_length=2000)
+    author = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["subject", "-created_at"], name="incident_note_subject_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} {self.created_at:%Y-%m-%d %H:%M} {self.author}"

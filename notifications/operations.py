@@ -7,6 +7,7 @@
 | Retry now | Retrying                    | Retrying, due now                       |
 | Discard   | Pending, Retrying or Parked | Discarded, with who, when and why       |
 | Requeue   | Discarded                   | Pending, counters reset, due now        |
+| Release   | Suppressed, or Pending held for a digest | Pending, not held, due now (Deliver anyway) |
 
 Each is one transaction: lock the selected rows that are still in a status the action applies
 to and not under a live claim (a row being delivered right now is skipped, never changed
@@ -45,6 +46,7 @@ from notifications.models import (
     WebhookTarget,
 )
 from notifications.policies import delivery_policy_for
+from notifications.suppression import notifications_released_escalation_start
 from notifications.trigger import dispatch_request
 from notifications.vocabulary import CHANNEL_FAILURES
 
@@ -70,14 +72,18 @@ def _transition(
     changes: dict[str, Any],
     message: Callable[[str], str],
     dispatch: bool,
+    also: Q | None = None,
+    changed_hook: Callable[[list[Any], Any], None] | None = None,
 ) -> ActionResult:
-    """Apply ``changes`` to those of ``notification_ids`` that are in ``from_statuses`` and not
-    under a live claim. ``message(status before)`` goes to the admin history; ``dispatch``: ask
-    for a dispatch once committed."""
+    """Apply ``changes`` to those of ``notification_ids`` that are in ``from_statuses`` (or match
+    ``also``) and not under a live claim. ``message(status before)`` goes to the admin history;
+    ``dispatch``: ask for a dispatch once committed; ``changed_hook(ids, now)`` runs in the
+    transaction for the rows changed."""
     notification_ids = list(dict.fromkeys(notification_ids))
     with transaction.atomic():
         now = database_now()
-        applies = Q(status__in=from_statuses) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        in_status = Q(status__in=from_statuses) if also is None else Q(status__in=from_statuses) | also
+        applies = in_status & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
         # FOR UPDATE (PostgreSQL) makes a concurrent dispatcher or operator wait for us, then
         # see the new status; on SQLite the IMMEDIATE transaction already serialises writers.
         rows = list(
@@ -98,6 +104,8 @@ def _transition(
                     action_flag=CHANGE,
                     change_message=message(status),
                 )
+        if changed and changed_hook is not None:
+            changed_hook([row.pk for row in rows], now)
         if changed and dispatch:
             transaction.on_commit(dispatch_request)
     return ActionResult(changed=changed, skipped=len(notification_ids) - changed)
@@ -192,6 +200,7 @@ def notification_discard(*, notification_ids: Iterable[Any], user: User, reason:
         changes={
             "status": Status.DISCARDED,
             "next_attempt_at": None,
+            "escalation_due_at": None,  # a discarded notification does not escalate
             "claimed_by": "",
             "claimed_until": None,
             "discarded_at": _NOW,
@@ -225,6 +234,32 @@ def notification_requeue(*, notification_ids: Iterable[Any], user: User) -> Acti
         },
         message=lambda status: "Requeued by operator: Discarded → Pending (retry count and next attempt reset).",
         dispatch=True,
+    )
+
+
+def notification_release(*, notification_ids: Iterable[Any], user: User) -> ActionResult:
+    """Deliver anyway: a Suppressed row, or a Pending one held for a flood digest, → Pending,
+    not held, due now, counters reset; it is then delivered on its own. ``suppressed_by`` stays
+    (why it had been held back: the audit keeps it; a digest keeps its own record). Other rows
+    are skipped."""
+    return _transition(
+        notification_ids=notification_ids,
+        user=user,
+        from_statuses=(Status.SUPPRESSED,),
+        also=Q(status=Status.PENDING, held_for_digest__isnull=False),
+        changes={
+            "status": Status.PENDING,
+            "held_for_digest": None,
+            "retry_count": 0,
+            "channel_failures": 0,
+            "next_attempt_at": _NOW,
+            "requeued_at": _NOW,
+            "claimed_by": "",
+            "claimed_until": None,
+        },
+        message=lambda status: f"Delivered anyway by operator: {status} → Pending (released from suppression).",
+        dispatch=True,
+        changed_hook=lambda ids, now: notifications_released_escalation_start(notification_ids=ids, released_at=now),
     )
 
 
@@ -323,7 +358,7 @@ def _smtp_test_failed(error: DeliveryError) -> SmtpTestResult:
 
 # --- one notification, by action name (the staff API) ------------------------------------------
 
-ACTIONS = ("retry", "discard", "requeue")
+ACTIONS = ("retry", "discard", "requeue", "release")
 
 
 @dataclass(frozen=True)
@@ -340,14 +375,14 @@ class ActOutcome:
 
 def notification_act(*, notification_id: Any, action: str, user: User, reason: str = "") -> ActOutcome:
     """Apply the operator ``action`` to one notification: "retry" is Retry on a Parked row and
-    Retry now on a Retrying one; "discard" (needs ``reason``; ValueError if blank) and
-    "requeue" as their functions above. Conditional like them: the outcome says whether it
+    Retry now on a Retrying one; "discard" (needs ``reason``; ValueError if blank), "requeue"
+    and "release" (Deliver anyway) as their functions above. Conditional like them: the outcome says whether it
     applied."""
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}")
     if action == "discard" and not (reason or "").strip():
         raise ValueError("A reason is required to discard notifications.")
-    row = Notification.objects.filter(pk=notification_id).only("status").first()
+    row = Notification.objects.filter(pk=notification_id).only("status", "held_for_digest").first()
     if row is None:
         return ActOutcome(notification=None)
     applicable: dict[str, tuple[str, Callable[..., ActionResult]]] = {}
@@ -358,6 +393,11 @@ def notification_act(*, notification_id: Any, action: str, user: User, reason: s
         }
     elif action == "requeue":
         applicable = {Status.DISCARDED: ("requeue", notification_requeue)}
+    elif action == "release":
+        # A held row is Pending: the release's own condition tells a held one from another.
+        held = row.held_for_digest is not None
+        releasable = (Status.SUPPRESSED, Status.PENDING) if held else (Status.SUPPRESSED,)
+        applicable = dict.fromkeys(releasable, ("release", notification_release))
     else:
         applicable = {
             status: ("discard", lambda **kw: notification_discard(**kw, reason=reason)) for status in DISCARDABLE

@@ -19,9 +19,11 @@ notification's status (Delivered still means the provider accepted the message).
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
+from xml.sax.saxutils import escape
 
 from django.conf import settings
 from django.db import transaction
+from django.http import HttpResponse
 from django.utils import timezone
 from rest_framework import status as http_status
 from rest_framework.parsers import FormParser
@@ -33,6 +35,7 @@ from twilio.request_validator import RequestValidator
 
 from notifications.channel_targets import target_site_masked
 from notifications.models import ChannelConfiguration, Notification, ProviderMessage
+from notifications.sms_replies import sms_reply_handle
 from notifications.vocabulary import target_outcome
 
 # Twilio's message statuses, by how far along they are: a callback never moves a target back.
@@ -206,3 +209,34 @@ class TwilioStatusCallbackView(APIView):
         except CallbackRefused as refused:
             return Response({"error": "not_found", "detail": refused.message}, status=refused.status)
         return Response({"recorded": changed}, status=http_status.HTTP_200_OK)
+
+
+def twiml(reply: str = "") -> HttpResponse:
+    """A TwiML answer: one SMS back with ``reply``, or none for ""."""
+    message = f"<Message>{escape(reply)}</Message>" if reply else ""
+    document = f'<?xml version="1.0" encoding="UTF-8"?><Response>{message}</Response>'
+    return HttpResponse(document, content_type="text/xml; charset=utf-8")
+
+
+class TwilioInboundView(APIView):
+    """Twilio's incoming message webhook: SMS replies (``ACK 4821``) acknowledge alarms
+    (notifications.sms_replies). Authenticated by Twilio's signature like the status callback;
+    always answered with TwiML (a short reply, or none), never an error a retry would repeat."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    parser_classes = [FormParser]
+    throttle_classes: list[Any] = []
+    schema = None  # Twilio's interface, not ours
+
+    def post(self, request: Request) -> HttpResponse:
+        params = {key: request.POST.get(key, "") for key in request.POST}
+        base = settings.OUTBOX_PUBLIC_URL
+        url = base + request.get_full_path() if base else request.build_absolute_uri()
+        if not twilio_signature_valid(url=url, params=params, signature=request.headers.get("X-Twilio-Signature", "")):
+            # Not from Twilio: refused (Twilio itself always signs), and never answered with an SMS.
+            response = twiml()
+            response.status_code = http_status.HTTP_403_FORBIDDEN
+            return response
+        outcome = sms_reply_handle(from_number=params.get("From", "")[:32], body=params.get("Body", "")[:1600])
+        return twiml(outcome.reply)

@@ -37,6 +37,14 @@ class FailureClass(models.TextChoices):
     UNKNOWN = "unknown", "unknown"
 
 
+class FailureCode(models.TextChoices):
+    """A stable name for a failure the console acts on, independent of its wording: the row's
+    ``failure_code`` (empty for every other failure). The message may change; the code not."""
+
+    UNKNOWN_LIST = "unknown_list", "the notification's list does not exist"
+    NO_RECIPIENTS = "no_recipients", "the list has no recipients on the channel"
+
+
 # The channel's fault, not the row's: they feed the channel's circuit breaker and never use up
 # a row's attempts (only its maximum age can park it for them).
 CHANNEL_FAILURES = frozenset({FailureClass.CONNECTION, FailureClass.TIMEOUT, FailureClass.AUTH, FailureClass.THROTTLED})

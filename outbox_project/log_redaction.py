@@ -10,6 +10,9 @@ its request lines. So every handler of the application's and gunicorn's logging 
 arguments, its extra values and its traceback: each query value (names stay, they say what
 was asked) and the user information.
 
+An acknowledgement link carries its signed token in the path (``/ack/<token>/``), so the token
+is redacted too: ``/ack/[redacted]/``.
+
 gunicorn's access log (outbox_project/weblog.py) uses the same functions.
 """
 
@@ -23,6 +26,8 @@ _TRACEBACKS = logging.Formatter()
 # A URL with a scheme, or a path (from "/"), then a query: "?" and what follows up to white
 # space or a quote; the user information of a URL with a scheme ("scheme://user:secret@").
 _QUERY = re.compile(r"((?:\b[A-Za-z][A-Za-z0-9+.-]*://|/)[^\s?\"'<>`]*\?)([^\s\"'<>`]+)")
+# The token of an acknowledgement page's path (notifications.ack_page).
+_ACK_TOKEN = re.compile(r"(/ack/)[^/\s?#\"'<>`]+")
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#\"'<>`]*@")
 
 # Attributes every LogRecord has; anything else on a record came from extra=.
@@ -51,7 +56,10 @@ def query_redact(query: str) -> str:
 
 def urls_redact(text: str) -> str:
     """``text`` with the query of every URL or path in it redacted (:func:`query_redact`) and
-    every URL's user information replaced by ``[redacted]``."""
+    every URL's user information replaced by ``[redacted]``, and the token of every
+    acknowledgement page path."""
+    if "/ack/" in text:
+        text = _ACK_TOKEN.sub(lambda match: match.group(1) + REDACTED, text)
     if "?" not in text and "@" not in text:
         return text
     text = _USERINFO.sub(lambda match: f"{match.group(1)}{REDACTED}@", text)

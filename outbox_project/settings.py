@@ -90,6 +90,9 @@ if not SECRET_KEY:
     # Without SECRET_KEY (development, `make run`): a random key generated once per installation
     # and kept in var/secret_key, so sessions survive restarts and nobody can predict it.
     SECRET_KEY = _generated_secret_key(Path(_read("OUTBOX_SECRET_KEY_FILE", "str", str(VAR_DIR / "secret_key"))))
+# Earlier keys, still accepted for what was signed with them (sessions, acknowledgement links)
+# while a rotation settles; Django signs with SECRET_KEY only.
+SECRET_KEY_FALLBACKS = _read("SECRET_KEY_FALLBACKS", "list", [])
 ALLOWED_HOSTS = _read("ALLOWED_HOSTS", "list", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = _read("CSRF_TRUSTED_ORIGINS", "list", [])
 
@@ -340,6 +343,9 @@ if OUTBOX_PUBLIC_URL and not OUTBOX_PUBLIC_URL.startswith(("http://", "https://"
     raise ImproperlyConfigured(
         f"Environment variable OUTBOX_PUBLIC_URL must be an http(s) URL, got {OUTBOX_PUBLIC_URL!r}"
     )
+# How long an acknowledgement link stays valid, in days (docs/acknowledgement.md). The links are
+# OUTBOX_PUBLIC_URL + /ack/<token>/ and appear only when OUTBOX_PUBLIC_URL is set.
+OUTBOX_ACK_TOKEN_DAYS = _positive("OUTBOX_ACK_TOKEN_DAYS", 7)
 # Per-site rate limits, shared by every web process (sites/rate_limits.py, docs/operations.md
 # "Rate limits"): notifications per second a site may send, sustained, and how many at once (a
 # batch of N draws N); critical notifications on a budget of their own; and, per kind, the other
@@ -369,6 +375,8 @@ OUTBOX_FAIR_CLAIM = _read("OUTBOX_FAIR_CLAIM", "bool", True)
 # A site whose agent has heart-beated and then sent no heartbeat for this many seconds is shown
 # "silent" (console, KPIs); a site that only posts directly is never silent.
 OUTBOX_SITE_SILENT_AFTER = _positive("OUTBOX_SITE_SILENT_AFTER", 300, "int")
+# The longest a silence may last (docs/suppression.md), in days.
+OUTBOX_SILENCE_MAX_DAYS = _positive("OUTBOX_SILENCE_MAX_DAYS", 7, "int")
 # Failed authentications (API keys, staff tokens) allowed per client address and per credential
 # in a burst, refilled at this many per minute, per web process; then 429 before any check.
 # OUTBOX_AUTH_FAILURE_RATE=0 disables the limit. See sites/throttling.py.

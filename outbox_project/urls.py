@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
 
-from notifications import api, metrics, providers, views
+from notifications import ack_page, api, metrics, providers, silences_api, views
 
 urlpatterns = [
     path("api/v1/notifications/", api.NotificationCollectionView.as_view(), name="notification-list"),
@@ -30,17 +30,40 @@ urlpatterns = [
         name="notification-requeue",
     ),
     path(
+        "api/v1/notifications/<uuid:notification_id>/ack/",
+        api.NotificationAcknowledgeView.as_view(),
+        name="notification-ack",
+    ),
+    path(
+        "api/v1/notifications/<uuid:notification_id>/clear/",
+        api.NotificationClearView.as_view(),
+        name="notification-clear",
+    ),
+    path(
+        "api/v1/notifications/<uuid:notification_id>/release/",
+        api.NotificationReleaseView.as_view(),
+        name="notification-release",
+    ),
+    path(
         "api/v1/providers/twilio/status/",
         providers.TwilioStatusCallbackView.as_view(),
         name="provider-twilio-status",
     ),
+    path(
+        "api/v1/providers/twilio/inbound/",
+        providers.TwilioInboundView.as_view(),
+        name="provider-twilio-inbound",
+    ),
     path("api/v1/kpis/", api.KpiView.as_view(), name="kpis"),
+    path("api/v1/silences/", silences_api.SilenceCollectionView.as_view(), name="silence-list"),
+    path("api/v1/silences/<int:silence_id>/", silences_api.SilenceDetailView.as_view(), name="silence-detail"),
     path("api/v1/sites/", include("sites.urls")),
     path(
         "api/v1/schema/",
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
         name="schema",
     ),
+    path("ack/<str:token>/", ack_page.ack_page, name="ack-page"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),

@@ -23,7 +23,8 @@ from tests.support.pgbouncer import PgBouncer  # noqa: E402
 # transaction mode changes: the claim (SKIP LOCKED, transaction-local planner settings, the lease
 # in one statement), dispatchers and operators racing, the shared breaker and rate bucket, the
 # counts kept by triggers, the trigger's request row and real workers on the database broker,
-# the idempotent insert and a database that goes away, the rate budgets drawn in chunks, the
+# the idempotent insert and a database that goes away, escalation steps taken once under
+# concurrent and restarted workers, the rate budgets drawn in chunks, the
 # per-session settings PgBouncer must not keep. The rest of the suite (SMTP and HTTP behaviour,
 # the console, the agent) talks to the database the same way through either; `make test` runs it.
 SUITES = [
@@ -38,6 +39,8 @@ SUITES = [
     "tests/dispatch/test_drain.py",
     "tests/dispatch/test_timing.py",
     "tests/dispatch/test_worker.py",
+    "tests/dispatch/test_escalation.py",
+    "tests/dispatch/test_escalation_workers.py",
     "tests/api/test_ingest.py",
     "tests/api/test_faults.py",
     "tests/api/test_staff_actions.py",

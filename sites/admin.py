@@ -364,7 +364,7 @@ class SiteAdmin(admin.ModelAdmin):
 # --- Parked at sites ---------------------------------------------------------------------------
 
 Parked = SiteParkedNotification.State
-COMMAND_CSS: dict[str, str] = {"pending": "retrying", "done": "delivered", "failed": "parked"}
+COMMAND_CSS: dict[str, str] = {"pending": "retrying", "done": "delivered", "failed": "parked", "expired": "discarded"}
 STATE_CSS: dict[str, str] = {Parked.PARKED: "parked", Parked.RETRIED: "pending", Parked.DISCARDED: "discarded"}
 
 
@@ -413,7 +413,11 @@ class CommandStateFilter(admin.SimpleListFilter):
 
 def _latest_command(field: str) -> Subquery:
     return Subquery(
-        SiteCommand.objects.filter(site=OuterRef("site"), notification_id=OuterRef("notification_id"))
+        SiteCommand.objects.filter(
+            site=OuterRef("site"),
+            notification_id=OuterRef("notification_id"),
+            action__in=SiteCommand.OPERATOR_ACTIONS,
+        )
         .order_by("-created_at")
         .values(field)[:1]
     )
@@ -647,8 +651,8 @@ MAX_ACTION_ROWS = 10_000
 
 @admin.register(SiteCommand)
 class SiteCommandAdmin(SiteRecordAdmin):
-    """The history of commands sent to sites' agents. Read-only: commands are issued from
-    "Parked at sites"."""
+    """The history of commands sent to sites' agents. Read-only: Retry and Discard are issued from
+    "Parked at sites"; Acknowledged commands come from acknowledgements made at central."""
 
     list_display = (
         "created_at",
@@ -677,6 +681,8 @@ class SiteCommandAdmin(SiteRecordAdmin):
         "created_by",
         "sent_at",
         "acknowledged_at",
+        "details",
+        "expires_at",
     )
     fields = readonly_fields
 

@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from notifications.acknowledgement import acknowledged_by_site_masked
 from notifications.api_errors import ERROR_RESPONSES, ErrorSerializer
 from notifications.channel_targets import text_site_masked
 from notifications.list_names import list_name_normalize, list_name_problem, text_control_problem
@@ -119,6 +120,11 @@ class CommandSerializer(serializers.Serializer):
     action = serializers.ChoiceField(choices=SiteCommand.Action.choices)
     notification_id = serializers.UUIDField()
     reason = serializers.CharField(allow_blank=True)
+    # Only in "acknowledged" commands.
+    acknowledged_at = serializers.DateTimeField(required=False)
+    acknowledged_via = serializers.CharField(required=False)
+    acknowledged_by = serializers.CharField(required=False, help_text="Masked as targets are for sites.")
+    note = serializers.CharField(required=False, allow_blank=True)
 
 
 class ParkedItemSerializer(serializers.Serializer):
@@ -271,13 +277,29 @@ def _site(request: Request) -> Site:
 def command_record(command: SiteCommand) -> dict[str, Any]:
     """A command as the agent receives it in a heartbeat answer. The operator's reason is free
     text that may quote a recipient (from a last_error, say): masked as the status record's
-    targets are."""
-    return {
+    targets are. An ``acknowledged`` command adds the acknowledgement: ``acknowledged_at``,
+    ``acknowledged_via``, ``acknowledged_by`` masked as in the site's status record, and
+    ``note`` with addresses and numbers masked like the reason."""
+    record = {
         "id": str(command.pk),
         "action": command.action,
         "notification_id": str(command.notification_id),
         "reason": text_site_masked(command.reason),
     }
+    if command.action == SiteCommand.Action.ACKNOWLEDGED:
+        details = command.details
+        via = details.get("acknowledged_via") or ""
+        record.update(
+            {
+                "acknowledged_at": details.get("acknowledged_at"),
+                "acknowledged_via": via,
+                "acknowledged_by": acknowledged_by_site_masked(
+                    acknowledged_by=details.get("acknowledged_by") or "", acknowledged_via=via
+                ),
+                "note": text_site_masked(details.get("note") or ""),
+            }
+        )
+    return record
 
 
 class HeartbeatView(APIView):

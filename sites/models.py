@@ -198,18 +198,26 @@ class SiteParkedNotification(models.Model):
 
 
 class SiteCommand(models.Model):
-    """An operator's Retry or Discard of a site-parked notification, waiting for (pending) or
-    executed by (done / failed) the site's agent. Handed to the agent in every heartbeat answer
-    until the agent acknowledges it; the agent executes each command at most once."""
+    """A command for a site's agent, waiting for (pending) or executed by (done / failed) it:
+    an operator's Retry or Discard of a site-parked notification, or ``acknowledged``, the news
+    that a person acknowledged one of the site's notifications at central (sites.services,
+    created when a heartbeat of an agent that takes them comes in). Handed to the agent in every
+    heartbeat answer until the agent acknowledges it; the agent executes each command at most
+    once. An ``acknowledged`` command not taken by ``expires_at`` is expired, never handed out."""
 
     class Action(models.TextChoices):
         RETRY = "retry", "Retry"
         DISCARD = "discard", "Discard"
+        ACKNOWLEDGED = "acknowledged", "Acknowledged"
 
     class State(models.TextChoices):
         PENDING = "pending", "Pending"
         DONE = "done", "Done"
         FAILED = "failed", "Failed"
+        EXPIRED = "expired", "Expired"
+
+    # The operators' actions: their own lane in a heartbeat answer, ahead of the acknowledgements.
+    OPERATOR_ACTIONS = (Action.RETRY, Action.DISCARD)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="commands")
@@ -224,6 +232,10 @@ class SiteCommand(models.Model):
     )
     sent_at = models.DateTimeField(null=True, blank=True)  # last handed to the agent
     acknowledged_at = models.DateTimeField(null=True, blank=True)
+    # An "acknowledged" command's acknowledgement (acknowledged_at, acknowledged_via,
+    # acknowledged_by, note; masked when handed to the site), and when it stops being handed out.
+    details = models.JSONField(default=dict, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = "site command"
@@ -231,6 +243,14 @@ class SiteCommand(models.Model):
         indexes = [
             models.Index(fields=["site", "state", "created_at"], name="sites_command_pending_idx"),
             models.Index(fields=["site", "notification_id"], name="sites_command_row_idx"),
+        ]
+        constraints = [
+            # A notification's acknowledgement is sent to its site once (never a second command).
+            models.UniqueConstraint(
+                fields=["site", "notification_id"],
+                condition=models.Q(action="acknowledged"),
+                name="sites_command_one_acknowledged",
+            ),
         ]
 
     def __str__(self) -> str:

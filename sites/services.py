@@ -11,11 +11,11 @@ from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from notifications.clock import database_now
-from notifications.models import Notification
+from notifications.models import AcknowledgedVia, Notification
 from sites.models import (
     Site,
     SiteAPIKey,
@@ -24,6 +24,7 @@ from sites.models import (
     SiteKeyRefusal,
     SiteParkedNotification,
     StaffAPIKey,
+    WatchdogAlert,
 )
 
 Parked = SiteParkedNotification.State
@@ -154,11 +155,27 @@ def site_is_silent(*, last_heartbeat_at: datetime | None, now: datetime) -> bool
     return now - last_heartbeat_at > timedelta(seconds=settings.OUTBOX_SITE_SILENT_AFTER)
 
 
+# The heartbeat capability of an agent that stores acknowledgements made at central.
+ACKNOWLEDGED_CAPABILITY = "acknowledged"
+# How long an acknowledgement made at central is offered to its site; one the agent has not
+# taken by then is expired (the alarm is a day old: the plant has moved on).
+ACKNOWLEDGEMENT_OFFERED_FOR = timedelta(hours=24)
+# Commands per lane in one heartbeat answer: operator commands, then acknowledgements.
+COMMANDS_PER_LANE = 100
+# How long an acknowledged command is kept (the console's history) after it stopped being
+# offered; it can never be offered again by then, its acknowledgement being far older than a day.
+ACKNOWLEDGED_COMMANDS_KEPT = timedelta(days=30)
+
+
 def site_heartbeat_record(*, site: Site, report: dict[str, Any]) -> list[SiteCommand]:
     """Store ``report`` (agent_version, buffered, parked, oldest_buffered_at, last_forward_at,
     last_error; from newer agents capabilities, server_errors and fallback) as the site's
-    latest heartbeat; returns the site's pending commands, oldest first, which the agent is to
-    execute (they stay pending until it acknowledges them)."""
+    latest heartbeat; returns the commands the agent is to execute (they stay pending until it
+    acknowledges them), in two lanes of up to COMMANDS_PER_LANE each: the operators' Retry and
+    Discard commands, oldest first, then — for an agent whose capabilities include
+    ``acknowledged`` — the acknowledgements made at central (site_acknowledgements_pending).
+    The lanes are counted apart, so acknowledgements never delay or displace an operator's
+    command."""
     now = database_now()
     SiteHeartbeat.objects.update_or_create(
         site=site,
@@ -175,10 +192,82 @@ def site_heartbeat_record(*, site: Site, report: dict[str, Any]) -> list[SiteCom
             "fallback": _json_ready(report.get("fallback")),
         },
     )
-    pending = list(SiteCommand.objects.filter(site=site, state=SiteCommand.State.PENDING).order_by("created_at")[:100])
+    pending = list(
+        SiteCommand.objects.filter(
+            site=site, state=SiteCommand.State.PENDING, action__in=SiteCommand.OPERATOR_ACTIONS
+        ).order_by("created_at")[:COMMANDS_PER_LANE]
+    )
+    if ACKNOWLEDGED_CAPABILITY in (report.get("capabilities") or []):
+        pending += site_acknowledgements_pending(site=site, now=now)
     if pending:
         SiteCommand.objects.filter(pk__in=[command.pk for command in pending]).update(sent_at=now)
     return pending
+
+
+def site_acknowledgements_pending(*, site: Site, now: datetime) -> list[SiteCommand]:
+    """The ``acknowledged`` commands to hand to ``site``'s agent at ``now``, oldest
+    acknowledgement first, at most COMMANDS_PER_LANE.
+
+    One command per notification the site raised (not an escalation child, not a watchdog's
+    notification) that was acknowledged at central — by link, SMS, Teams, the console or the
+    staff API; not by the site itself, which knows — within ACKNOWLEDGEMENT_OFFERED_FOR. It is
+    created here, at the first heartbeat that can take it, holding the acknowledgement (masked
+    for the site when it is handed out: sites.api.command_record), and handed out with every
+    heartbeat until the agent acknowledges the command: an answer lost on the way is made good
+    by the next heartbeat, and the agent recognises the command's id and stores the
+    acknowledgement once. A unique constraint keeps it to one command per notification, so once
+    acknowledged by the agent it is never handed out again. Commands still pending
+    ACKNOWLEDGEMENT_OFFERED_FOR after the acknowledgement are expired here, and any
+    ACKNOWLEDGED_COMMANDS_KEPT after that deleted.
+
+    Why a record per notification and not a cursor (the latest acknowledgement time handed
+    out): acknowledgements commit out of time order, so a time cursor could step over one that
+    committed late; and a cursor moved when the answer is sent would lose what a lost answer
+    carried."""
+    Ack = SiteCommand.Action.ACKNOWLEDGED
+    SiteCommand.objects.filter(site=site, action=Ack, state=SiteCommand.State.PENDING, expires_at__lte=now).update(
+        state=SiteCommand.State.EXPIRED,
+        detail="Not taken by the site's agent within 24 hours of the acknowledgement; no longer offered.",
+    )
+    SiteCommand.objects.filter(site=site, action=Ack, expires_at__lt=now - ACKNOWLEDGED_COMMANDS_KEPT).delete()
+    fresh = (
+        Notification.objects.filter(
+            source_site_id=site.site_id,
+            acknowledged_at__gt=now - ACKNOWLEDGEMENT_OFFERED_FOR,
+            escalation_of__isnull=True,
+        )
+        .exclude(acknowledged_via=AcknowledgedVia.SITE)
+        .exclude(Exists(SiteCommand.objects.filter(site=site, action=Ack, notification_id=OuterRef("pk"))))
+        .exclude(Exists(WatchdogAlert.objects.filter(notification_id=OuterRef("pk"))))
+        .order_by("acknowledged_at")
+        .values_list("pk", "acknowledged_at", "acknowledged_via", "acknowledged_by", "acknowledged_note")
+    )[:COMMANDS_PER_LANE]
+    created = []
+    for notification_id, acknowledged_at, via, by, note in fresh:
+        at = cast(datetime, acknowledged_at)  # never None: the filter compared it
+        created.append(
+            SiteCommand(
+                site=site,
+                notification_id=notification_id,
+                action=Ack,
+                created_at=now,
+                expires_at=at + ACKNOWLEDGEMENT_OFFERED_FOR,
+                details={
+                    "acknowledged_at": at.isoformat().replace("+00:00", "Z"),
+                    "acknowledged_via": via,
+                    "acknowledged_by": by,
+                    "note": note,
+                },
+            )
+        )
+    if created:
+        # A concurrent heartbeat of the same site may have created some: theirs stand.
+        SiteCommand.objects.bulk_create(created, ignore_conflicts=True)
+    return list(
+        SiteCommand.objects.filter(site=site, action=Ack, state=SiteCommand.State.PENDING, expires_at__gt=now).order_by(
+            "expires_at", "created_at"
+        )[:COMMANDS_PER_LANE]
+    )
 
 
 def _json_ready(value: Any) -> Any:
@@ -302,7 +391,7 @@ def site_commands_issue(
     command; a row with the same action already pending keeps that one (idempotent); a row
     with the other action pending is refused. Discard needs a non-blank ``reason``. Every
     issued command gets an admin history entry naming ``user``. One outcome per row found."""
-    if action not in SiteCommand.Action.values:
+    if action not in SiteCommand.OPERATOR_ACTIONS:
         raise SiteCommandError(f"Unknown action {action!r}; use retry or discard.")
     reason = reason.strip()
     if action == SiteCommand.Action.DISCARD and not reason:
@@ -316,6 +405,7 @@ def site_commands_issue(
             (command.site_id, command.notification_id): command
             for command in SiteCommand.objects.filter(
                 state=SiteCommand.State.PENDING,
+                action__in=SiteCommand.OPERATOR_ACTIONS,
                 site_id__in={row.site_id for row in rows},
                 notification_id__in=[row.notification_id for row in rows],
             )
@@ -349,13 +439,21 @@ def site_commands_issue(
 
 def site_command_acknowledge(*, site: Site, command_id: uuid.UUID, result: str, detail: str) -> SiteCommand | None:
     """Record the agent's result (done or failed) of one of ``site``'s commands; the first
-    result wins, so a repeated acknowledgement changes nothing. A done command also moves its
-    row out of the parked state (the agent's own report says the same). None when ``site`` has
-    no such command."""
+    result wins, so a repeated acknowledgement changes nothing. A done Retry or Discard also
+    moves its row out of the parked state (the agent's own report says the same). An
+    ``acknowledged`` command expired while its result was on the way takes the result (the
+    site has the acknowledgement after all). None when ``site`` has no such command."""
     with transaction.atomic():
         command = SiteCommand.objects.select_for_update().filter(pk=command_id, site=site).first()
         if command is None:
             return None
+        if command.action == SiteCommand.Action.ACKNOWLEDGED:
+            if command.state in (SiteCommand.State.PENDING, SiteCommand.State.EXPIRED):
+                command.state = result
+                command.detail = detail
+                command.acknowledged_at = database_now()
+                command.save(update_fields=["state", "detail", "acknowledged_at"])
+            return command
         if command.state == SiteCommand.State.PENDING:
             now = database_now()
             command.state = result

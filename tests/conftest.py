@@ -81,6 +81,15 @@ def _fresh_rate_limits() -> None:
     login_failures.clear()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_list_settings() -> None:
+    """Each test starts with no lists' settings held by this process (a rolled-back test's lists
+    are gone without the signal that would forget them)."""
+    from notifications.acknowledgement import list_settings_forget
+
+    list_settings_forget()
+
+
 @pytest.fixture
 def postgres_only(db: None) -> None:
     """Skip (with a printed reason) where the test database is not PostgreSQL."""

@@ -67,7 +67,8 @@ class DeliveryError(Exception):
     message was handed over and the answer lost, so the server may hold it (the attempt is
     recorded as ambiguous). ``outcome_unknown``: nothing is left to retry but targets whose
     outcome stays unknown; the row parks with that reason whatever the policy says. ``retry_after``: seconds the receiver asked us to wait (an HTTP
-    ``Retry-After``); a retry is then due no sooner than that."""
+    ``Retry-After``); a retry is then due no sooner than that. ``code``: a
+    :class:`FailureCode` value when the failure has a stable name (kept on the row)."""
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class DeliveryError(Exception):
         ambiguous: bool = False,
         outcome_unknown: bool = False,
         retry_after: float | None = None,
+        code: str = "",
     ) -> None:
         if failure_class not in FailureClass.values:
             raise ValueError(f"unknown failure class {failure_class!r}")
@@ -90,6 +92,7 @@ class DeliveryError(Exception):
         self.ambiguous = ambiguous
         self.outcome_unknown = outcome_unknown
         self.retry_after = retry_after
+        self.code = code
 
 
 def targets_owed(notification: "Notification") -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:

@@ -34,6 +34,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from notifications.ack_links import ack_link
 from notifications.adapters.base import (
     Adapter,
     DeliveryError,
@@ -43,7 +44,7 @@ from notifications.adapters.base import (
     delivery_time_left,
     targets_owed,
 )
-from notifications.adapters.email_compose import email_compose, message_id_for
+from notifications.adapters.email_compose import email_compose, email_with_ack_link, message_id_for
 from notifications.adapters.oauth import oauth_token
 from notifications.adapters.smtp_connect import (
     AuthGate,
@@ -246,7 +247,12 @@ class EmailSession(Session):
             batches: list[tuple[list[str], Callable[[], bytes]]]
             if mode == RecipientMode.INDIVIDUAL:
                 batches = [
-                    ([member], partial(self._compose, notification, to=[member], content=content, recipient=member))
+                    (
+                        [member],
+                        partial(
+                            self._compose, notification, to=[member], content=content, recipient=member, one_person=True
+                        ),
+                    )
                     for member in plan.members
                 ]
                 if plan.cc_only:
@@ -569,10 +575,18 @@ class EmailSession(Session):
         return email_content_prioritised(content, priority=notification.priority)
 
     def _compose(
-        self, notification: Notification, *, to: list[str], content: EmailContent, recipient: str | None = None
+        self,
+        notification: Notification,
+        *,
+        to: list[str],
+        content: EmailContent,
+        recipient: str | None = None,
+        one_person: bool = False,
     ) -> bytes:
         """The message showing ``to`` in To: (empty: undisclosed recipients). ``recipient``
-        names the one member an individual message goes to (it has its own Message-ID)."""
+        names the one member an individual message goes to (it has its own Message-ID), or the
+        Cc addresses of theirs. A notification that asks for acknowledgement carries its link,
+        bound to ``recipient`` when ``one_person``, else to the list (the page asks for a name)."""
         _refuse_line_breaks(
             (
                 ("subject", notification.subject),
@@ -583,11 +597,15 @@ class EmailSession(Session):
             )
         )
         notification_id = str(notification.notification_id)
+        body = notification.body
+        link = ack_link(notification=notification, recipient=recipient if one_person else None)
+        if link:
+            body, content = email_with_ack_link(body=body, content=content, link=link)
         return email_compose(
             from_address=self._from_header,
             to=[_header_address(address) for address in to],
             subject=notification.subject,
-            body=notification.body,
+            body=body,
             message_id=message_id_for(notification_id=notification_id, domain=self._domain, recipient=recipient),
             notification_id=notification_id,
             date=_date_header(),

@@ -16,7 +16,9 @@ caller (the adapter refuses such a notification as header injection).
 """
 
 import base64
+import dataclasses
 import hashlib
+import html
 import os
 import re
 from email.header import Header
@@ -149,6 +151,20 @@ def attachment_filename(filename: str) -> str:
         extension = extension[:20]
         name = stem[: MAX_SAFE_FILENAME_LENGTH - len(extension)] + extension
     return name or FALLBACK_FILENAME
+
+
+ACK_LINE = "Acknowledge this alarm (confirm on the page that opens):"
+
+
+def email_with_ack_link(*, body: str, content: EmailContent, link: str) -> tuple[str, EmailContent]:
+    """``body`` and ``content`` with the acknowledgement ``link`` added: at the end of the text
+    and, when there is HTML, at the end of the HTML as a link."""
+    body = f"{body.rstrip()}\n\n{ACK_LINE}\n{link}\n"
+    if content.html:
+        escaped = html.escape(link, quote=True)
+        paragraph = f'<p><a href="{escaped}">Acknowledge this alarm</a></p>'
+        content = dataclasses.replace(content, html=content.html + paragraph)
+    return body, content
 
 
 def message_id_for(*, notification_id: str, domain: str, recipient: str | None = None) -> str:

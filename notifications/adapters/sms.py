@@ -11,12 +11,14 @@ Twilio's error codes are classified in :func:`twilio_failure`; the HTTP status d
 codes not named there (429 throttled, 5xx transient, other 4xx refused).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 from django.conf import settings
 from django.urls import reverse
 
+from notifications.ack_links import ack_link, sms_ack_code
 from notifications.adapters.base import DeliveryError, DeliveryResult, FailureClass
 from notifications.adapters.http import TargetOutcome, TargetsAdapter, TargetsSession, http_exception, http_failure
 from notifications.channel_targets import Target
@@ -42,18 +44,41 @@ CONFIGURATION_CODES = {20003, 20404, 21212, 21606, 21659, 21660, 21661}
 THROTTLED_CODES = {20429, 14107, 30022}
 
 
-def sms_text(*, subject: str, body: str, max_segments: int) -> str:
-    """Subject and body on separate lines, cut (with an ellipsis) to fit ``max_segments``."""
+# Room a message keeps for its subject and body before an acknowledgement link is added; when
+# the link would leave less, the SMS carries only the reply code (the link needs two segments).
+MIN_TEXT_BESIDE_LINK = 60
+
+
+def sms_text(*, subject: str, body: str, max_segments: int, ack_code: str = "", ack_link: str = "") -> str:
+    """Subject and body on separate lines, cut (with an ellipsis) to fit ``max_segments``. With
+    ``ack_code``, a last line "Reply ACK <code>" is kept whole after them, with ``ack_link``
+    ("… or open <link>") when that leaves MIN_TEXT_BESIDE_LINK characters for the message."""
     text = "\n".join(part for part in (subject.strip(), body.strip()) if part)
-    gsm = all(ch in GSM_BASIC or ch in GSM_EXTENDED for ch in text)
-    if gsm:
+    if not ack_code:
+        return _fitted(text, max_segments=max_segments)
+    footer = f"Reply ACK {ack_code}"
+    if ack_link:
+        with_link = f"{footer} or open {ack_link}"
+        limit, cost, _ = _alphabet(text + with_link, max_segments=max_segments)
+        if limit - cost(with_link) - 1 >= MIN_TEXT_BESIDE_LINK:
+            footer = with_link
+    return _fitted(text, max_segments=max_segments, reserve=footer) + "\n" + footer
+
+
+def _alphabet(text: str, *, max_segments: int) -> tuple[int, Callable[[str], int], str]:
+    """For ``text``: the characters ``max_segments`` hold, the cost of a text, the ellipsis."""
+    if all(ch in GSM_BASIC or ch in GSM_EXTENDED for ch in text):
         limit = 160 if max_segments == 1 else 153 * max_segments
-        cost = lambda s: sum(2 if ch in GSM_EXTENDED else 1 for ch in s)  # noqa: E731
-        ellipsis = ELLIPSIS_GSM
-    else:
-        limit = 70 if max_segments == 1 else 67 * max_segments
-        cost = lambda s: len(s.encode("utf-16-le")) // 2  # noqa: E731
-        ellipsis = ELLIPSIS_UCS2
+        return limit, lambda s: sum(2 if ch in GSM_EXTENDED else 1 for ch in s), ELLIPSIS_GSM
+    limit = 70 if max_segments == 1 else 67 * max_segments
+    return limit, lambda s: len(s.encode("utf-16-le")) // 2, ELLIPSIS_UCS2
+
+
+def _fitted(text: str, *, max_segments: int, reserve: str = "") -> str:
+    """``text`` cut (with an ellipsis) so that it, a line break and ``reserve`` fit ``max_segments``."""
+    limit, cost, ellipsis = _alphabet(text + reserve, max_segments=max_segments)
+    if reserve:
+        limit -= cost(reserve) + 1
     if cost(text) <= limit:
         return text
     room = limit - cost(ellipsis)
@@ -172,7 +197,13 @@ class SmsSession(TargetsSession):
         form = {
             "To": target.address,
             "From": self.from_number,
-            "Body": sms_text(subject=notification.subject, body=notification.body, max_segments=self.max_segments),
+            "Body": sms_text(
+                subject=notification.subject,
+                body=notification.body,
+                max_segments=self.max_segments,
+                ack_code=sms_ack_code(notification.notification_id) if notification.asks_ack else "",
+                ack_link=ack_link(notification=notification, recipient=target.address) or "",
+            ),
         }
         if self.callback:
             form["StatusCallback"] = self.callback

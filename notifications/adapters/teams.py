@@ -1,7 +1,9 @@
 """Microsoft Teams through a Workflows webhook: one Adaptive Card per target (docs/channels.md).
 
 The card has the subject as its title, the body as its text, ``type_data.facts`` as a fact
-set and, when OUTBOX_PUBLIC_URL is set, a button opening the notification in the console.
+set and, when OUTBOX_PUBLIC_URL is set, a button opening the notification in the console and,
+for a notification that asks for acknowledgement, an "Acknowledge" button opening its
+acknowledgement page (docs/acknowledgement.md).
 Answers are classified as every HTTP channel's (notifications.adapters.http).
 """
 
@@ -11,6 +13,7 @@ import httpx
 from django.conf import settings
 from django.urls import reverse
 
+from notifications.ack_links import ack_link
 from notifications.adapters.http import TargetOutcome, TargetsAdapter, TargetsSession, http_exception, http_failure
 from notifications.channel_targets import Target
 from notifications.models import Notification
@@ -63,9 +66,16 @@ def teams_card(notification: Notification) -> dict[str, Any]:
         "version": "1.4",
         "body": body,
     }
+    actions = []
+    acknowledge = ack_link(notification=notification, teams=True)
+    if acknowledge:
+        # Opens the confirmation page (a GET never acknowledges; the page's button does).
+        actions.append({"type": "Action.OpenUrl", "title": "Acknowledge", "url": acknowledge})
     link = console_link(notification)
     if link:
-        content["actions"] = [{"type": "Action.OpenUrl", "title": "Open in Outbox", "url": link}]
+        actions.append({"type": "Action.OpenUrl", "title": "Open in Outbox", "url": link})
+    if actions:
+        content["actions"] = actions
     return {
         "type": "message",
         "attachments": [{"contentType": CARD_CONTENT_TYPE, "contentUrl": None, "content": content}],

@@ -7,11 +7,12 @@
 * ``smtp`` — the SMTP configuration and its "Send test email";
 * ``worker`` — django-q2's schedules, limited to the outbox's own tasks.
 * ``policies`` — delivery policies and channel health (the circuit breakers).
+* ``silences`` — silences and maintenance windows (suppression at ingest);
 * ``site`` — the console's name (branding); its favicon and styles are in templates/admin/base_site.html.
 
 Importing the package registers every model admin (Django's autodiscovery imports it).
 """
 
-from notifications.admin import channels, lists, outbox, policies, site, smtp, worker
+from notifications.admin import channels, lists, outbox, policies, silences, site, smtp, worker
 
-__all__ = ["channels", "lists", "outbox", "policies", "site", "smtp", "worker"]
+__all__ = ["channels", "lists", "outbox", "policies", "silences", "site", "smtp", "worker"]

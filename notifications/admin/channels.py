@@ -11,7 +11,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 
-from notifications.admin.common import SecretsUndecryptableExplained
+from notifications.admin.common import SecretsUndecryptableExplained, typed_secrets_kept
 from notifications.channel_targets import (
     apprise_url_problem,
     channel_configuration_problems,
@@ -38,6 +38,7 @@ class WriteOnlyUrlForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.initial["url"] = ""
+        typed_secrets_kept(self)
 
     def url_problem(self, url: str) -> str | None:
         raise NotImplementedError
@@ -121,6 +122,7 @@ class WebhookTargetForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.initial["secret"] = ""
+        typed_secrets_kept(self)
         self.entered = False  # a secret was typed into the form (bound to the URL on save)
 
     def clean_url(self) -> str:
@@ -250,6 +252,7 @@ class ChannelConfigurationForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.initial["auth_token"] = ""
+        typed_secrets_kept(self)
         self.entered = False  # a token was typed into the form (bound on save)
 
     def clean(self) -> dict[str, Any]:

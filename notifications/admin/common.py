@@ -91,3 +91,23 @@ class SecretsUndecryptableExplained(admin.ModelAdmin):
             )
             return HttpResponseRedirect(reverse("admin:index"))
         return response
+
+
+def typed_secrets_kept(form: forms.BaseForm) -> None:
+    """When ``form`` comes back with an error (its own or another form's on the same page), its
+    write-only fields keep what was typed in this submission, masked: otherwise a new target's
+    URL would come back empty and the next save would drop it without a word. A stored secret
+    is never rendered: a field left blank stays blank."""
+    if form.is_bound:
+        for field in form.fields.values():
+            if isinstance(field.widget, forms.PasswordInput):
+                field.widget.render_value = True
+
+
+class IncidentNoteForm(forms.Form):
+    subject = forms.RegexField(regex=r"^(channel|parked):[\w.-]{1,80}$", max_length=100, widget=forms.HiddenInput)
+    text = forms.CharField(
+        label="Note for the next shift",
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60, "placeholder": "relay team called, ETA 04:00"}),
+    )

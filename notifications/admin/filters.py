@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.db import connection
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -15,6 +16,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.text import smart_split, unescape_string_literal
 
 from notifications import db
+from notifications.ack_kpis import unacknowledged_q
 from notifications.console import cause_q
 from notifications.list_names import list_name_key
 from notifications.models import PRIORITY_NAMES, Notification, NotificationList
@@ -58,7 +60,8 @@ def outbox_search(queryset: QuerySet[Notification], search_term: str) -> QuerySe
     """Rows matching every word of ``search_term`` (case-insensitive): each word must occur in
     the subject, list name, last error, source instance or script; a word that is an id prefix
     (6+ hex digits, like the 8 shown in the table) also matches ids starting with it; a search
-    that is exactly a notification id finds that notification. Quotes keep words together."""
+    that is exactly a notification id finds that notification. Quotes keep words together.
+    ``to:<address>`` finds the rows delivered (or owed) to that recipient (:func:`recipient_q`)."""
     try:
         return queryset.filter(pk=uuid.UUID(search_term.strip()))
     except ValueError:
@@ -68,12 +71,27 @@ def outbox_search(queryset: QuerySet[Notification], search_term: str) -> QuerySe
             word = unescape_string_literal(word)
         if not word:
             continue
+        if word.lower().startswith("to:") and len(word) > 3:
+            queryset = queryset.filter(recipient_q(word[3:]))
+            continue
         condition: Any = db.text_contains_ignoring_case(word)
         bounds = _id_prefix_range(word)
         if bounds is not None:
             condition = Q(pk__gte=bounds[0], pk__lte=bounds[1]) | condition
         queryset = queryset.filter(condition)
     return queryset
+
+
+def recipient_q(address: str) -> Q:
+    """Rows one of whose targets is ``address`` (as given, or in lower case): on PostgreSQL a
+    containment test the GIN index of the targets answers (notif_targets_gin_idx, 0035);
+    elsewhere a search of the targets' text."""
+    address = address.strip()
+    if connection.vendor == "postgresql":
+        return Q(resolved_targets__contains=[{"target": address}]) | Q(
+            resolved_targets__contains=[{"target": address.lower()}]
+        )
+    return Q(resolved_targets__icontains=f'"{address}"')
 
 
 # Kept for callers of the earlier name.
@@ -97,6 +115,32 @@ class StatusFilter(admin.SimpleListFilter):
         if self.value() in Status.values:
             return queryset.filter(status=self.value())
         return queryset
+
+
+class SuppressionFilter(admin.SimpleListFilter):
+    """Why rows were held back (docs/suppression.md). Besides the listed choices it takes an
+    exact reason, e.g. ``silence:4`` (what one silence suppressed) or ``digest:<id>``."""
+
+    title = "suppression"
+    parameter_name = "suppressed_by"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("duplicate", "Duplicates"),
+            ("silence", "Silenced (silences, maintenance windows)"),
+            ("digest", "Folded into a flood digest"),
+            ("held", "Held for a flood digest now"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        if value == "held":
+            return queryset.filter(held_for_digest__isnull=False, status=Status.PENDING)
+        if value in ("duplicate", "silence", "digest"):
+            return queryset.filter(suppressed_by__startswith=f"{value}:")
+        return queryset.filter(suppressed_by=value)
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -151,6 +195,27 @@ class PriorityFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         priority = Notification.Priority.named(self.value() or "")
         return queryset if priority is None else queryset.filter(priority=priority)
+
+
+class AcknowledgementFilter(admin.SimpleListFilter):
+    """Rows by acknowledgement: asking and not yet acknowledged nor cleared (a partial index
+    holds exactly these), acknowledged, or cleared."""
+
+    title = "acknowledgement"
+    parameter_name = "ack"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("unacknowledged", "Unacknowledged"), ("acknowledged", "Acknowledged"), ("cleared", "Cleared")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "unacknowledged":
+            return queryset.filter(unacknowledged_q())
+        if value == "acknowledged":
+            return queryset.filter(acknowledged_at__isnull=False)
+        if value == "cleared":
+            return queryset.filter(cleared_at__isnull=False)
+        return queryset
 
 
 class _ValueFromTableFilter(admin.SimpleListFilter):

@@ -11,6 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_email
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -19,10 +20,12 @@ from django.urls import URLPattern, path, reverse
 from notifications.admin.channels import CHANNEL_INLINES
 from notifications.admin.common import SecretsUndecryptableExplained, missing_object_redirect
 from notifications.email_address import email_address_problem
+from notifications.escalation import escalation_problems, lists_escalation_stored
 from notifications.list_names import list_name_normalize, list_name_problem, notification_list_clash
 from notifications.list_tools import (
     TEST_SUBJECT_PREFIX,
     TestNotificationError,
+    address_pasted,
     addresses_parse,
     list_add_addresses,
     list_recipients_preview,
@@ -30,6 +33,9 @@ from notifications.list_tools import (
 )
 from notifications.models import EmailRecipient, NotificationList
 from notifications.vocabulary import ADAPTER_PATHS
+
+# A list's suppression settings (docs/suppression.md).
+SUPPRESSION_FIELDS = ("dedup_window_seconds", "flood_threshold", "flood_window_seconds")
 
 
 class NotificationListForm(forms.ModelForm):
@@ -43,8 +49,85 @@ class NotificationListForm(forms.ModelForm):
 
     class Meta:
         model = NotificationList
-        fields = ("name", "description", "recipient_mode", "resend_after_local_delivery")
-        widgets = {"recipient_mode": forms.RadioSelect}
+        fields = (
+            "name",
+            "description",
+            "recipient_mode",
+            "resend_after_local_delivery",
+            "ack_required_from",
+            "escalation",
+            "repeat_last_every_seconds",
+            *SUPPRESSION_FIELDS,
+        )
+        widgets = {
+            "recipient_mode": forms.RadioSelect,
+            "escalation": forms.Textarea(
+                attrs={
+                    "rows": 4,
+                    "cols": 80,
+                    "placeholder": '[{"after_seconds": 300, "list": "Shift-Leads", "type": "sms"}]',
+                }
+            ),
+        }
+        help_texts = {
+            "escalation": "Steps in JSON, in order: when a notification that asks for acknowledgement is neither "
+            "acknowledged nor cleared after_seconds after it was created, a copy goes to that list by that channel "
+            "(email, teams, webhook, sms, apprise). Each step counts from the creation, so after_seconds increase. "
+            "Empty: no escalation.",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A form posted without them (a script, an older page) keeps the list's values; the
+        # suppression settings left out (or blank) keep theirs too.
+        for name in ("ack_required_from", "repeat_last_every_seconds", *SUPPRESSION_FIELDS):
+            if name in self.fields:
+                self.fields[name].required = False
+
+    def clean_ack_required_from(self) -> str:
+        return self.cleaned_data.get("ack_required_from") or self.instance.ack_required_from
+
+    def clean_repeat_last_every_seconds(self) -> int:
+        value = self.cleaned_data.get("repeat_last_every_seconds")
+        return self.instance.repeat_last_every_seconds if value is None else value
+
+    def clean_escalation(self) -> Any:
+        return self.cleaned_data.get("escalation") or []  # a blank field: no steps
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if "escalation" not in cleaned or "repeat_last_every_seconds" not in cleaned:
+            return cleaned  # a field error already says what is wrong
+        stored = lists_escalation_stored()
+        if self.instance.pk:
+            stored.steps.pop(self.instance.name, None)  # this list's steps are the form's
+        problems = escalation_problems(
+            steps=cleaned["escalation"],
+            repeat_last_every_seconds=cleaned["repeat_last_every_seconds"],
+            list_name=cleaned.get("name") or self.instance.name,
+            lists=stored.steps,
+            channels_of=stored.channels,
+        )
+        for problem in problems:
+            field = "repeat_last_every_seconds" if problem.startswith("repeat_last_every_seconds") else "escalation"
+            self.add_error(field, problem)
+        return cleaned
+
+    def _clean_setting(self, name: str) -> int:
+        value = self.cleaned_data.get(name)
+        if value is None:
+            default = NotificationList._meta.get_field(name).default  # type: ignore[union-attr]
+            return int(getattr(self.instance, name, default) if self.instance.pk else default)
+        return int(value)
+
+    def clean_dedup_window_seconds(self) -> int:
+        return self._clean_setting("dedup_window_seconds")
+
+    def clean_flood_threshold(self) -> int:
+        return self._clean_setting("flood_threshold")
+
+    def clean_flood_window_seconds(self) -> int:
+        return self._clean_setting("flood_window_seconds")
 
     def clean_name(self) -> str:
         name = list_name_normalize(self.cleaned_data["name"])
@@ -64,9 +147,32 @@ class NotificationListForm(forms.ModelForm):
 
 
 class TestNotificationForm(forms.Form):
+    """``channels``: the channels the list has targets on, the only ones offered."""
+
     channel = forms.ChoiceField(choices=[(name, name) for name in sorted(ADAPTER_PATHS)])
     subject = forms.CharField(max_length=200, help_text=f"Sent with “{TEST_SUBJECT_PREFIX.strip()}” in front.")
     body = forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "cols": 60}), max_length=10_000)
+
+    def __init__(self, *args: Any, channels: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["channel"].choices = [(name, name) for name in channels]  # type: ignore[attr-defined]
+        self.fields["channel"].help_text = "Only the channels this list has recipients or targets on."
+
+
+class EmailRecipientForm(forms.ModelForm):
+    # A CharField first: "Robert Ito <r.ito@example.com>" pasted from a mail program is
+    # reduced to its address before the address is checked.
+    email = forms.CharField(max_length=400, required=False)
+
+    class Meta:
+        model = EmailRecipient
+        fields = ("email",)
+
+    def clean_email(self) -> str:
+        address = address_pasted(self.cleaned_data.get("email") or "")
+        if address:
+            validate_email(address)
+        return address
 
 
 class EmailRecipientFormSet(forms.BaseInlineFormSet):
@@ -98,6 +204,7 @@ class EmailRecipientFormSet(forms.BaseInlineFormSet):
 
 class EmailRecipientInline(admin.TabularInline):
     model = EmailRecipient
+    form = EmailRecipientForm
     formset = EmailRecipientFormSet
     extra = 1
     fields = ("email",)
@@ -173,8 +280,11 @@ class NotificationListAdmin(SecretsUndecryptableExplained):
         notification_list = self.get_object(request, unquote(object_id))
         if notification_list is None:
             return missing_object_redirect(self, request, object_id)
+        channels = [
+            entry.channel for entry in list_recipients_preview(notification_list=notification_list) if entry.targets
+        ]
         if request.method == "POST":
-            form = TestNotificationForm(request.POST)
+            form = TestNotificationForm(request.POST, channels=channels)
             if form.is_valid():
                 try:
                     notification_id = list_send_test(
@@ -194,15 +304,20 @@ class NotificationListAdmin(SecretsUndecryptableExplained):
                     )
         else:
             form = TestNotificationForm(
+                channels=channels,
                 initial={
-                    "channel": "email",
+                    "channel": "email" if "email" in channels else next(iter(channels), ""),
                     "subject": f"Test notification to {notification_list.name}",
                     "body": f"This is a test notification to the list {notification_list.name}, sent from the "
                     f"Outbox console by {request.user.get_username()}. No action is needed.",
-                }
+                },
             )
         context = self._list_context(
-            request, notification_list, f"Send a test notification to “{notification_list.name}”", form=form
+            request,
+            notification_list,
+            f"Send a test notification to “{notification_list.name}”",
+            form=form,
+            channels=channels,
         )
         return TemplateResponse(request, "admin/notifications/notificationlist/send_test.html", context)
 

@@ -27,8 +27,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from notifications import db
+from notifications.admin.acknowledgement import AcknowledgementAdmin
 from notifications.admin.common import DiscardForm, ReadOnlyRecords, json_block, missing_object_redirect
 from notifications.admin.filters import (
+    AcknowledgementFilter,
     CreatedRangeFilter,
     DeliveryFilter,
     ListNameFilter,
@@ -38,14 +40,16 @@ from notifications.admin.filters import (
     SourceSiteFilter,
     StatusFilter,
     StuckFilter,
+    SuppressionFilter,
     TypeFilter,
     outbox_search,
     queued_since,
     stuck_before,
 )
 from notifications.admin.outbox_views import OutboxConsoleViews, redrive_link
-from notifications.console import parked_for_lists_now_existing, retried_at
-from notifications.console_time import console_time
+from notifications.admin.silences import flood_report_page, silence_links
+from notifications.console import error_specific, parked_for_lists_now_existing, retried_at
+from notifications.console_time import console_time, console_time_short
 from notifications.email_preview import EmailPreview, email_preview_build, type_data_shorten
 from notifications.kpis import kpis_compute
 from notifications.models import DeliveryAttempt, Notification
@@ -53,6 +57,7 @@ from notifications.operations import (
     DISCARDABLE,
     ActionResult,
     notification_discard,
+    notification_release,
     notification_requeue,
     notification_retry,
     notification_retry_now,
@@ -203,7 +208,17 @@ class DeliveryAttemptInline(admin.TabularInline):
 
     @admin.display(description="detail")
     def detail_display(self, attempt: DeliveryAttempt) -> str:
-        return json_block(attempt.detail) if attempt.detail else "—"
+        """The adapter's detail as "name: value" lines (nested values as compact JSON)."""
+        detail = attempt.detail
+        if not detail:
+            return "—"
+        if not isinstance(detail, dict):
+            return json_block(detail)
+        lines = (
+            (name.replace("_", " "), value if isinstance(value, str | int | float) else json.dumps(value, default=str))
+            for name, value in detail.items()
+        )
+        return format_html_join("", '<div class="outbox-detail">{}: {}</div>', lines)
 
     # Attempts are part of the notification's audit record: whoever may view the notification
     # sees them; nobody edits them.
@@ -232,11 +247,12 @@ STATUS_CSS: dict[str, str] = {
     Status.DELIVERED: "delivered",
     Status.PARKED: "parked",
     Status.DISCARDED: "discarded",
+    Status.SUPPRESSED: "suppressed",
 }
 
 
 @admin.register(Notification)
-class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
+class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, AcknowledgementAdmin, admin.ModelAdmin):
     list_display = (
         "short_id",
         "status_badge",
@@ -245,15 +261,16 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         "subject_column",
         "site_column",
         "created_column",
-        "retries_column",
         "last_error_excerpt",
     )
     list_display_links = ("short_id",)
     list_filter = (
         StatusFilter,
+        SuppressionFilter,
         DeliveryFilter,
         StuckFilter,
         PriorityFilter,
+        AcknowledgementFilter,
         TypeFilter,
         SourceSiteFilter,
         ListNameFilter,
@@ -263,8 +280,8 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
     )
     search_fields = ("subject",)
     search_help_text = (
-        "Every word must occur in the subject, list, last error, source instance or script; "
-        "an id prefix (6+ hex digits, like the 8 in the id column) or a full id finds by id."
+        "Press / to search. Every word must occur in the subject, list, last error, source instance or script; "
+        "an id prefix (6+ hex digits) or a full id finds by id; to:address finds what was sent to a recipient."
     )
     action_max_rows = ACTION_MAX_ROWS
     # The orders with an index behind them: creation, and priority (then creation).
@@ -274,7 +291,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
     paginator = OutboxPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    actions = ["retry_selected", "retry_now_selected", "discard_selected", "requeue_selected"]
+    actions = ["retry_selected", "retry_now_selected", "discard_selected", "requeue_selected", "release_selected"]
     inlines = [DeliveryAttemptInline]
 
     fieldsets = (
@@ -293,6 +310,8 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
                 )
             },
         ),
+        ("History", {"fields": ("timeline_display",)}),
+        ("Acknowledgement", {"fields": ("acknowledgement_display", "cleared_display")}),
         (
             "Delivery",
             {
@@ -313,6 +332,10 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             },
         ),
         ("Discard", {"fields": ("discarded_at", "discarded_by", "discard_reason")}),
+        (
+            "Suppression",
+            {"fields": ("suppression_display", "dedup_key", "occurrences_display", "held_for_digest")},
+        ),
         (
             "Email as composed",
             {
@@ -386,8 +409,9 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         badge = format_html(
             '<span class="outbox-badge outbox-status-{}">{}</span>', STATUS_CSS.get(obj.status, "other"), obj.status
         )
-        # The list shows "stuck" and "delivered locally" beside the status (one column less).
-        return format_html("{}{}{}", badge, self.stuck_badge(obj), local_delivery_badge(obj))
+        # The list shows "stuck", "delivered locally", the duplicates ("×37, last 10:42") and
+        # a digest hold beside the status (one column less).
+        return format_html("{}{}{}{}", badge, self.stuck_badge(obj), local_delivery_badge(obj), suppression_badge(obj))
 
     @admin.display(description="status")
     def status_display(self, obj: Notification) -> SafeString:
@@ -397,6 +421,17 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             obj.status,
             local_delivery_badge(obj),
         )
+
+    @admin.display(description="suppressed")
+    def suppression_display(self, obj: Notification) -> str:
+        if not obj.suppressed_by:
+            return "—"
+        released = " (delivered anyway since)" if obj.status != Status.SUPPRESSED else ""
+        return f"{obj.suppressed_reason}{released}"
+
+    @admin.display(description="occurrences")
+    def occurrences_display(self, obj: Notification) -> str:
+        return occurrences_text(obj) or "1"
 
     @admin.display(description="priority", ordering="priority")
     def priority_badge(self, obj: Notification) -> SafeString:
@@ -409,7 +444,9 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
     def stuck_badge(self, obj: Notification) -> str:
         # Computed from the row itself: no query per row. Counts from the last enqueue or
         # operator Retry/Requeue, not from creation.
-        if obj.status in Notification.NON_TERMINAL and queued_since(obj) < stuck_before():
+        # A row held for a flood digest waits for its window's end on purpose.
+        held = getattr(obj, "held_for_digest", None) is not None
+        if obj.status in Notification.NON_TERMINAL and not held and queued_since(obj) < stuck_before():
             return format_html(
                 ' <span class="outbox-badge outbox-stuck" title="{}">stuck</span>',
                 "Queued longer than the stuck-age threshold (counted from the last enqueue or retry)",
@@ -422,7 +459,7 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
 
     @admin.display(description="subject")
     def subject_column(self, obj: Notification) -> str:
-        return clipped(obj.subject, 30)
+        return clipped(obj.subject, 60)
 
     @admin.display(description="site")
     def site_column(self, obj: Notification) -> str:
@@ -438,7 +475,14 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
 
     @admin.display(description="last error")
     def last_error_excerpt(self, obj: Notification) -> str:
-        return clipped(" ".join(obj.last_error.split()), 24, limit=2000)
+        # A row waiting on an open channel says so (its own last error is older news).
+        waiting = getattr(self, "_open_channels", {}).get(obj.type)
+        if waiting is not None and obj.status in Notification.NON_TERMINAL:
+            return format_html('<span class="outbox-waiting">{}</span>', waiting)
+        text = " ".join(error_specific(obj.last_error).split())
+        if obj.retry_count:
+            text = f"{text} ({obj.retry_count} attempt{'s' if obj.retry_count != 1 else ''})" if text else ""
+        return clipped(text, 30, limit=2000)
 
     # --- detail fields
 
@@ -544,9 +588,16 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
     # --- page context
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        kpis = kpis_compute()
+        # Per request, like the other admins' per-page caches: the open channels' words for rows waiting on them.
+        self._open_channels = {
+            channel["channel"]: f"waiting for {channel['channel']} (open since "
+            f"{console_time_short(channel['since'])}, {channel['rows_waiting']:,} waiting)"
+            for channel in kpis["channels"]
+        }
         extra_context = {
             **(extra_context or {}),
-            "outbox_kpis": kpis_compute(),
+            "outbox_kpis": kpis,
             "zone_name": timezone.get_current_timezone_name(),
             "export_query": request.GET.urlencode(),
             "lists_now_existing": parked_for_lists_now_existing(),
@@ -567,6 +618,15 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             "can_retry_now": status == Status.RETRYING and self.has_retry_permission(request),
             "can_discard": status in DISCARDABLE and self.has_discard_permission(request),
             "can_requeue": status == Status.DISCARDED and self.has_requeue_permission(request),
+            "can_acknowledge": obj is not None
+            and obj.acknowledged_at is None
+            and self.has_acknowledge_permission(request, obj),
+            "silence_links": silence_links(obj)
+            if obj is not None and request.user.has_perm("notifications.add_silence")
+            else [],
+            "can_release": obj is not None
+            and (status == Status.SUPPRESSED or obj.held_for_digest is not None)
+            and self.has_retry_permission(request),
         }
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -579,12 +639,17 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             "redrive": self.redrive_view,
             "export": self.export_view,
             "timezone": self.timezone_view,
+            "flood": self.flood_report_view,
+            "channel": self.channel_breakdown_view,
+            "notes": self.incident_note_add_view,
         }
         views = {
             "retry": self.retry_view,
             "retry-now": self.retry_now_view,
             "discard": self.discard_view,
             "requeue": self.requeue_view,
+            "acknowledge": self.acknowledge_view,
+            "release": self.release_view,
         }
         return [
             *(
@@ -659,6 +724,26 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
             at = retried_at(ids) if result.changed else None
             if at is not None:
                 self.message_user(request, redrive_link(at), messages.INFO)
+
+    @admin.action(description="Deliver selected suppressed notifications anyway", permissions=["retry"])
+    def release_selected(self, request: HttpRequest, queryset: QuerySet[Notification]) -> None:
+        ids = self._selected_ids(request, queryset)
+        if ids is not None:
+            result = notification_release(notification_ids=ids, user=request.user)
+            self._report(request, "Released", result, not_applicable="not Suppressed or held for a digest")
+
+    def flood_report_view(self, request: HttpRequest) -> HttpResponse:
+        return flood_report_page(self, request)
+
+    def release_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        return self._single_action(
+            request,
+            object_id,
+            allowed=self.has_retry_permission(request),
+            action=notification_release,
+            verb="Released",
+            not_applicable="not Suppressed or held for a digest",
+        )
 
     def _discard(
         self, request: HttpRequest, ids: list[Any], *, single: Notification | None = None
@@ -749,6 +834,29 @@ class NotificationAdmin(ReadOnlyRecords, OutboxConsoleViews, admin.ModelAdmin):
         if response is not None:
             return response
         return HttpResponseRedirect(reverse("admin:notifications_notification_change", args=[obj.pk]))
+
+
+def occurrences_text(obj: Notification) -> str:
+    """ "×37, last 10:42" for a row that stood for duplicates (in the console's zone); else ""."""
+    if obj.occurrences <= 1 or obj.last_occurrence_at is None:
+        return ""
+    last = timezone.localtime(obj.last_occurrence_at)
+    return f"×{obj.occurrences}, last {last:%H:%M}"
+
+
+def suppression_badge(obj: Notification) -> str:
+    """The duplicates a row stood for, and a hold for a flood digest, as badges."""
+    parts = []
+    text = occurrences_text(obj)
+    if text:
+        parts.append(format_html(' <span class="outbox-badge outbox-occurrences">{}</span>', text))
+    if obj.status == Status.PENDING and obj.held_for_digest is not None:
+        parts.append(
+            format_html(' <span class="outbox-badge outbox-held" title="{}">held</span>', "held for a flood digest")
+        )
+    if obj.status == Status.SUPPRESSED and obj.suppressed_by:
+        parts.append(format_html(' <span class="outbox-reason">{}</span>', obj.suppressed_reason))
+    return format_html_join("", "{}", ((part,) for part in parts))
 
 
 def clipped(text: str, fits: int, *, limit: int = 1000) -> str:

@@ -29,11 +29,14 @@ from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from notifications.admin.common import DiscardForm
-from notifications.console import parked_cause_rows, parked_groups, redrive_progress, retried_at
+from notifications.admin.common import DiscardForm, IncidentNoteForm
+from notifications.console import parked_cause_rows, parked_groups, redrive_progress, retried_at, waiting_breakdown
 from notifications.console_time import COOKIE, COOKIE_MAX_AGE, console_time, zone_parse
+from notifications.health import channels_unhealthy
+from notifications.incident_notes import incident_note_add, incident_notes, incident_notes_latest
 from notifications.models import Notification
 from notifications.operations import ActionResult, notification_discard, notification_retry
+from notifications.vocabulary import ADAPTER_PATHS, targets_summary
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -57,11 +60,15 @@ EXPORT_COLUMNS = (
     "requeued_at",
     "last_attempt_at",
     "delivered_at",
+    "discarded_at",
     "retry_count",
     "last_error",
     "discarded_by",
     "discard_reason",
+    "recipients",
 )
+# The stored columns of the export; "recipients" is the one-line summary of resolved_targets.
+EXPORT_FIELDS = (*EXPORT_COLUMNS[:-1], "resolved_targets")
 
 
 class _Echo:
@@ -108,6 +115,7 @@ class OutboxConsoleViews(_Base):
         can_add_list = request.user.has_perm("notifications.add_notificationlist")
         add_list_url = reverse("admin:notifications_notificationlist_add")
         outbox_url = reverse("admin:notifications_notification_changelist")
+        notes = incident_notes_latest(subjects=[f"parked:{group.key}" for group in groups])
         rows = [
             {
                 "group": group,
@@ -117,6 +125,8 @@ class OutboxConsoleViews(_Base):
                 if can_add_list
                 else [],
                 "rows_url": f"{outbox_url}?{urlencode({'status': 'Parked', 'cause': group.cause})}",
+                "note_subject": f"parked:{group.key}",
+                "notes": notes.get(f"parked:{group.key}"),
             }
             for group in groups
         ]
@@ -130,6 +140,8 @@ class OutboxConsoleViews(_Base):
             "can_retry": self.has_retry_permission(request),
             "can_discard": self.has_discard_permission(request),
             "action_max_rows": self.action_max_rows,
+            "can_note": self.has_view_permission(request),
+            "note_back": request.get_full_path(),
         }
         return TemplateResponse(request, "admin/notifications/notification/parked_groups.html", context)
 
@@ -140,8 +152,69 @@ class OutboxConsoleViews(_Base):
         ids = list(parked_cause_rows(cause).order_by("created_at").values_list("pk", flat=True)[: self.action_max_rows])
         return cause, ids
 
+    def channel_breakdown_view(self, request: HttpRequest) -> HttpResponseBase:
+        """Where an open channel hits: its waiting rows by site and by list, each a link to
+        those rows (the status line's and the open-channel box's link)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        channel = request.GET.get("channel", "")
+        if channel not in ADAPTER_PATHS:
+            return HttpResponseBadRequest("Choose a channel: ?channel=email, teams, webhook, sms or apprise.")
+        breakdown = waiting_breakdown(channel=channel)
+        health = [
+            {**row, "since": parse_datetime(row["since"]) if row["since"] else None}
+            for row in channels_unhealthy()
+            if row["channel"] == channel
+        ]
+        outbox = reverse("admin:notifications_notification_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Waiting for {channel}: where it hits",
+            "opts": self.opts,
+            "channel": channel,
+            "breakdown": breakdown,
+            "health": health[0] if health else None,
+            "rows_url": f"{outbox}?{urlencode({'type': channel, 'status': 'queued'})}",
+            **self.incident_notes_context(request, subject=f"channel:{channel}"),
+        }
+        return TemplateResponse(request, "admin/notifications/notification/channel_breakdown.html", context)
+
+    # --- incident notes (on an open channel or a parked group)
+
+    def incident_notes_context(self, request: HttpRequest, *, subject: str) -> dict[str, Any]:
+        """The notes on ``subject`` (newest first) and the form to add one."""
+        return {
+            "note_subject": subject,
+            "notes": incident_notes(subject=subject),
+            "note_form": IncidentNoteForm(),
+            "can_note": self.has_view_permission(request),
+            "note_back": request.get_full_path(),
+        }
+
+    def incident_note_add_view(self, request: HttpRequest) -> HttpResponseBase:
+        """Adds a note on an open channel or a parked group, then goes back to the page. A note
+        changes no notification (it is not an acknowledgement)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        back = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=False):
+            back = reverse("admin:notifications_notification_changelist")
+        form = IncidentNoteForm(request.POST)
+        if not form.is_valid():
+            problems = "; ".join(
+                f"{name}: {' '.join(str(error) for error in errors)}" for name, errors in form.errors.items()
+            )
+            self.message_user(request, f"The note was not saved ({problems}).", messages.ERROR)
+            return HttpResponseRedirect(back)
+        incident_note_add(subject=form.cleaned_data["subject"], text=form.cleaned_data["text"], user=request.user)
+        self.message_user(request, "Note added; the next shift sees it here.", messages.SUCCESS)
+        return HttpResponseRedirect(back)
+
     def parked_retry_view(self, request: HttpRequest) -> HttpResponseBase:
-        """Retry every Parked row of one cause (up to the action limit), then follow them."""
+        """Retry every Parked row of one cause (up to the action limit), then follow them; with
+        ``confirm=ask`` (the groups' "Retry all") a confirmation page first."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.has_retry_permission(request):
@@ -154,6 +227,17 @@ class OutboxConsoleViews(_Base):
         if not ids:
             self.message_user(request, "No Parked notification has that cause any more.", messages.WARNING)
             return HttpResponseRedirect(back)
+        if request.POST.get("confirm") == "ask":
+            # "Retry all" of a group asks first: hundreds of messages go out again at once.
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Retry parked notifications?",
+                "opts": self.opts,
+                "cause": cause,
+                "count": len(ids),
+                "action_max_rows": self.action_max_rows,
+            }
+            return TemplateResponse(request, "admin/notifications/notification/parked_retry.html", context)
         result = notification_retry(notification_ids=ids, user=request.user)
         self._report(request, "Retried", result, not_applicable="not Parked any more, or being delivered")
         at = retried_at(ids) if result.changed else None
@@ -226,22 +310,26 @@ class OutboxConsoleViews(_Base):
 
     def export_view(self, request: HttpRequest) -> HttpResponseBase:
         """The rows the outbox page shows with the same filters and search, as CSV (streamed,
-        at most EXPORT_MAX_ROWS rows, newest first)."""
+        at most EXPORT_MAX_ROWS rows, newest first), UTF-8 with a byte-order mark, each row with
+        its per-recipient summary ("delivered to 1 of 3, 2 refused (552)")."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         changelist = self.get_changelist_instance(request)
-        rows = changelist.get_queryset(request).values_list(*EXPORT_COLUMNS)
+        rows = changelist.get_queryset(request).values_list(*EXPORT_FIELDS)
 
         def lines() -> Iterator[str]:
             writer = csv.writer(_Echo())
-            yield writer.writerow(EXPORT_COLUMNS)
+            # A byte-order mark first: Excel reads the file as UTF-8 only with it (else ポンプ is garbled).
+            yield "\ufeff" + writer.writerow(EXPORT_COLUMNS)
             for written, row in enumerate(rows[: EXPORT_MAX_ROWS + 1].iterator(chunk_size=2000)):
                 if written == EXPORT_MAX_ROWS:
                     yield writer.writerow(
                         [f"# stopped at {EXPORT_MAX_ROWS:,} rows: narrow the filters to export the rest"]
                     )
                     return
-                yield writer.writerow([csv_cell_safe(_export_value(value)) for value in row])
+                summary = targets_summary(row[-1])
+                values = [*row[:-1], summary["text"] if summary else ""]
+                yield writer.writerow([csv_cell_safe(_export_value(value)) for value in values])
 
         stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
         response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")

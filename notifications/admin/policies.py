@@ -15,12 +15,13 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.urls import reverse
 
 from notifications.health import channel_endpoints, channel_health_close, channel_health_probe_now
 from notifications.models import ChannelHealth, DeliveryPolicy, Notification
-from notifications.policies import POLICY_FIELDS, delivery_policy_validate
+from notifications.policies import POLICY_FIELDS, delivery_policies_all, delivery_policy_validate
 from notifications.trigger import dispatch_request
-from notifications.vocabulary import FailureClass
+from notifications.vocabulary import CHANNEL_FAILURES, FailureClass
 
 
 class DeliveryPolicyForm(forms.ModelForm):
@@ -29,6 +30,13 @@ class DeliveryPolicyForm(forms.ModelForm):
         required=False,
         widget=forms.CheckboxSelectMultiple,
         help_text="Failure classes that are retried; the others park at once.",
+    )
+
+    park_channel_failures = forms.BooleanField(
+        required=False,
+        label="Park at once on channel failures",
+        help_text="Needed only when connection, timeout, authentication or throttled is not retried: "
+        "an outage of the channel then parks every row it touches as a permanent failure.",
     )
 
     class Meta:
@@ -41,6 +49,18 @@ class DeliveryPolicyForm(forms.ModelForm):
         for name, problem in delivery_policy_validate(values=values).items():
             if name in self.fields and name not in self.errors:
                 self.add_error(name, problem[:1].upper() + problem[1:])
+        unticked = [
+            str(label)
+            for value, label in FailureClass.choices
+            if value in CHANNEL_FAILURES and value not in (cleaned.get("retry_on") or [])
+        ]
+        if unticked and "retry_on" in cleaned and not cleaned.get("park_channel_failures"):
+            self.add_error(
+                "retry_on",
+                f"Not retried: {', '.join(unticked)}. An outage of the channel would park every row it "
+                "touches at once as a permanent failure. Tick them, or confirm with "
+                "“Park at once on channel failures”.",
+            )
         return cleaned
 
 
@@ -54,7 +74,7 @@ class DeliveryPolicyAdmin(admin.ModelAdmin):
             "Retry timing",
             {"fields": ("strategy", "interval_seconds", "max_interval_seconds", "jitter", "max_attempts")},
         ),
-        ("Giving up", {"fields": ("retry_on", "max_age_seconds")}),
+        ("Giving up", {"fields": ("retry_on", "park_channel_failures", "max_age_seconds")}),
         (
             "Channel health",
             {
@@ -67,6 +87,40 @@ class DeliveryPolicyAdmin(admin.ModelAdmin):
             },
         ),
     )
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        """A new policy starts from the policy in force for the chosen channel (``?channel=``,
+        else the first channel without a stored policy) — its timing and retried classes —
+        never from bare field defaults that retry nothing."""
+        initial = super().get_changeform_initial_data(request)
+        in_force = delivery_policies_all()
+        channel = str(initial.get("channel") or "")
+        if channel not in in_force:
+            channel = next((name for name, policy in in_force.items() if not policy.stored), "")
+        if channel:
+            initial.update(in_force[channel].as_dict(), channel=channel)
+        return initial
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return super().changeform_view(request, object_id, form_url, {**(extra_context or {}), **_in_force()})
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {**(extra_context or {}), **_in_force()})
+
+
+def _in_force() -> dict[str, Any]:
+    """The policy each channel is delivered with now, for the policy pages' table."""
+    rows = []
+    for channel, policy in delivery_policies_all().items():
+        values = policy.as_dict()
+        rows.append({"channel": channel, "stored": policy.stored, **values, "retry_on": ", ".join(values["retry_on"])})
+    return {"policies_in_force": rows, "policy_add_url": reverse("admin:notifications_deliverypolicy_add")}
 
 
 class CloseEndpointsForm(forms.Form):

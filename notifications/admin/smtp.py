@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpRespons
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from notifications.admin.common import SecretsUndecryptableExplained, missing_object_redirect
+from notifications.admin.common import SecretsUndecryptableExplained, missing_object_redirect, typed_secrets_kept
 from notifications.email_address import email_address_problem
 from notifications.models import SmtpConfiguration
 from notifications.operations import (
@@ -112,6 +112,7 @@ class SmtpConfigurationForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        typed_secrets_kept(self)
         self.entered: list[str] = []  # the credentials typed into this form (bound on save)
         self.fields["auth_method"].required = False  # absent: password, as before the field existed
         stored_config = self.instance if self.instance.pk else None

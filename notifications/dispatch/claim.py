@@ -21,6 +21,7 @@ sorts off (:func:`~notifications.db.read_in_index_order`, measured need written 
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,6 +40,7 @@ from notifications.dispatch.fair import (
     notifications_claim_in_order,
     notifications_due_exist,
 )
+from notifications.escalation import escalations_next_due
 from notifications.health import (
     Channel,
     Gate,
@@ -50,10 +52,13 @@ from notifications.health import (
 )
 from notifications.models import ChannelHealth, Notification
 from notifications.policies import delivery_expired_message
+from notifications.suppression import digests_next_due
 
 __all__ = [
     "CLAIM_FIELDS",
+    "DUE_TIME_SOURCES",
     "Claim",
+    "deliveries_wake_at",
     "dispatch_wake_at",
     "notifications_claim_due",
     "notifications_due_exist",
@@ -164,6 +169,7 @@ def notifications_expire(*, channels: dict[str, Channel], now: datetime | None =
             Q(status__in=Notification.NON_TERMINAL)
             & Q(type=channel.name)
             & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+            & Q(held_for_digest__isnull=True)  # its digest carries it (notifications.suppression)
             & ((Q(requeued_at__isnull=True) & Q(created_at__lt=cutoff)) | Q(requeued_at__lt=cutoff))
         ).update(
             status=Notification.Status.PARKED,
@@ -180,7 +186,23 @@ def notifications_expire(*, channels: dict[str, Channel], now: datetime | None =
     return expired
 
 
+# The due times a dispatch pass acts on besides deliveries, each a function giving its earliest
+# due time (None: nothing waits) at ``now``; the pass (notifications.dispatch.runner) does the
+# work that is due: escalation steps (notifications.escalation) and the ends of flood-digest
+# windows (notifications.suppression.digests_flush, at the start of every pass).
+DUE_TIME_SOURCES: tuple[Callable[..., datetime | None], ...] = (escalations_next_due, digests_next_due)
+
+
 def dispatch_wake_at(*, channels: dict[str, Channel] | None = None, now: datetime | None = None) -> datetime | None:
+    """When a dispatch pass next has something to do: the earliest of the deliveries' wake
+    time (:func:`deliveries_wake_at`) and the due times of :data:`DUE_TIME_SOURCES`
+    (escalation steps, digest windows). None when nothing waits."""
+    now = now or database_now()
+    times = [deliveries_wake_at(channels=channels, now=now), *(source(now=now) for source in DUE_TIME_SOURCES)]
+    return min((when for when in times if when is not None), default=None)
+
+
+def deliveries_wake_at(*, channels: dict[str, Channel] | None = None, now: datetime | None = None) -> datetime | None:
     """When a claim could next take a row: the earliest due time of a waiting row, put back to
     when its channel lets it through (the next probe of an open endpoint, the next token of a
     rate-limited one). None when nothing waits. Leases of crashed workers are left to the

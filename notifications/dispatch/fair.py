@@ -74,6 +74,8 @@ CLAIM_FIELDS = (
     "claimed_until",
     # A row the site delivered itself is settled without a delivery (notifications.local_delivery).
     "delivered_locally_at",
+    # A row that asks for acknowledgement carries its link (email, Teams, SMS) and SMS reply code.
+    "asks_ack",
 )
 # Within a key, rows without a due time first, then by it: the claim index's order.
 DUE_ORDER = F("next_attempt_at").asc(nulls_first=True)
@@ -164,8 +166,11 @@ def _open(alias: str) -> str:
 
 
 def _unleased(alias: str) -> str:
+    """Open, under no live lease, and not held for a flood digest (notifications.suppression:
+    a held row waits for its digest and is never claimed)."""
     until = f"{alias}.{_column('claimed_until')}"
-    return f"{_open(alias)} AND ({until} IS NULL OR {until} < %(now)s)"
+    held = f"{alias}.{_column('held_for_digest')}"
+    return f"{_open(alias)} AND ({until} IS NULL OR {until} < %(now)s) AND {held} IS NULL"
 
 
 def _due(alias: str) -> str:
@@ -182,7 +187,11 @@ def _still_due(alias: str) -> str:
     until = f"{alias}.{_column('claimed_until')}"
     due = f"{alias}.{_column('next_attempt_at')}"
     statuses = " OR ".join(f"{status} IS NOT DISTINCT FROM '{value}'" for value in Notification.NON_TERMINAL)
-    return f"({statuses}) AND ({until} IS NULL OR {until} < %(now)s) AND ({due} IS NULL OR {due} <= %(now)s)"
+    held = f"{alias}.{_column('held_for_digest')}"
+    return (
+        f"({statuses}) AND ({until} IS NULL OR {until} < %(now)s) AND ({due} IS NULL OR {due} <= %(now)s) "
+        f"AND {held} IS NULL"
+    )
 
 
 def _of_key(alias: str, key: str) -> str:
@@ -299,8 +308,13 @@ def _due_exists_sql() -> str:
 
 
 def unleased_q(now: datetime) -> Q:
-    """Not terminal and under no live lease: due once its next attempt time has come."""
-    return Q(status__in=Notification.NON_TERMINAL) & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+    """Not terminal, under no live lease and not held for a flood digest: due once its next
+    attempt time has come."""
+    return (
+        Q(status__in=Notification.NON_TERMINAL)
+        & (Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        & Q(held_for_digest__isnull=True)
+    )
 
 
 def due_q(now: datetime) -> Q:

@@ -393,6 +393,7 @@ def _finish_changes(
             resolved_targets=outcome.result.targets,
             targets_refused=_refused(outcome.result.targets),
             last_error=outcome.result.warning,
+            failure_code="",
         )
         return changes, "delivered"
     error = outcome.error
@@ -417,6 +418,7 @@ def _finish_changes(
         status=decision.status,
         next_attempt_at=decision.next_attempt_at,
         last_error=decision.last_error,
+        failure_code=error.code,
     )
     if decision.expired:
         changes["expired_at"] = now

@@ -43,11 +43,13 @@ from notifications.dispatch.finish import (
     delivery_attempts_record,
     notifications_finish,
 )
+from notifications.escalation import escalations_next_due, notifications_escalate_due
 from notifications.health import Channel, dispatch_channels
 from notifications.local_delivery import notifications_settle_delivered_locally
 from notifications.models import Notification
 from notifications.policies import delivery_policy_default
-from notifications.vocabulary import CHANNEL_FAILURES, HEALTHY_FAILURES, FailureClass
+from notifications.suppression import digests_flush
+from notifications.vocabulary import CHANNEL_FAILURES, HEALTHY_FAILURES, FailureClass, FailureCode
 
 # The dispatcher logs under one name, whichever of its modules writes.
 logger = logging.getLogger(__package__)
@@ -77,6 +79,7 @@ class PassReport:
     released: int = 0
     lost: int = 0  # finished by someone else meanwhile (lease expired and re-claimed, …)
     expired: int = 0  # parked for their age before the pass claimed anything
+    escalated: int = 0  # escalation steps taken (children created) before the pass's claims
     batches: int = 0
     seconds: float = 0.0
     more_due: bool = False  # stopped by the time budget or a stop request with rows still due
@@ -90,6 +93,7 @@ class PassReport:
             f"claimed {self.claimed}, delivered {self.delivered}, retrying {self.retrying}, "
             f"parked {self.parked}, released {self.released}"
             + (f", expired {self.expired}" if self.expired else "")
+            + (f", escalated {self.escalated}" if self.escalated else "")
             + f" in {self.seconds:.2f} s"
         )
 
@@ -313,6 +317,7 @@ class _Pass:
     def _claim(self, pool: ThreadPoolExecutor) -> None:
         # The database clock, read once per batch: one query, not one per result.
         clock = database_clock()
+        self._escalate(clock)
         limit = self.pace.claim_size(batch_size=self.batch_size, concurrency=self.concurrency)
         claim = notifications_claim_due(worker_id=self.worker_id, limit=limit, now=clock.now(), channels=self.channels)
         if len(claim.rows) < limit:
@@ -324,6 +329,14 @@ class _Pass:
         self.report.batches += 1
         self.report.claimed += len(claim.rows)
         self._start(claim, clock, pool)
+
+    def _escalate(self, clock: DatabaseClock) -> None:
+        """Take the escalation steps that are due (notifications.escalation) before a claim, so
+        that the claim takes their children: at every claim, not only at the pass's start, so
+        that a step falling due during a long pass (a backlog) waits for a batch, not the pass."""
+        due = escalations_next_due()
+        if due is not None and due <= clock.now():
+            self.report.escalated += notifications_escalate_due(now=clock.now()).created
 
     def _backlog_found(self) -> None:
         """A claim took all it asked for: more may be due than this pass can take. Others are
@@ -471,10 +484,10 @@ def _targets_or_error(
     if row.list_name not in resolved:
         # An unknown list cannot be guessed: fail closed.
         error = f"Unknown notification list {row.list_name!r}."
-        return [], DeliveryError(error, failure_class=FailureClass.CONFIGURATION)
+        return [], DeliveryError(error, failure_class=FailureClass.CONFIGURATION, code=FailureCode.UNKNOWN_LIST)
     if not resolved[row.list_name]:
         error = f"Notification list {row.list_name!r} has no {row.type} recipients."
-        return [], DeliveryError(error, failure_class=FailureClass.CONFIGURATION)
+        return [], DeliveryError(error, failure_class=FailureClass.CONFIGURATION, code=FailureCode.NO_RECIPIENTS)
     return resolved[row.list_name], None
 
 
@@ -510,7 +523,8 @@ def dispatch_pass(
     backlog: Callable[[], object] | None = None,
 ) -> PassReport:
     """Expire rows past their channel's maximum age, then claim and deliver batches until
-    nothing is due (or claimable), ``time_budget`` seconds have passed, or ``stop`` is set.
+    nothing is due (or claimable), ``time_budget`` seconds have passed, or ``stop`` is set;
+    before each claim, take the escalation steps that are due (notifications.escalation).
     Returns a :class:`PassReport`.
 
     ``backlog``, if given, is called after every claim that took as many rows as it asked for
@@ -534,6 +548,9 @@ def dispatch_pass(
         progress=progress,
         backlog=backlog,
     )
+    # Flood digests whose window has ended: made before the claim, so that they go out in this
+    # pass (notifications.suppression).
+    digests_flush()
     report.expired = notifications_expire(channels=run.channels)
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver")
     try:

@@ -111,7 +111,9 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
         range_name = "24h"
     label = RANGE_LABELS[range_name]
     trends = trends_compute(range_name=range_name)
-    hours = trends.hour_starts()
+    # The hours in the console's chosen zone (the counts are per UTC hour, which is a whole
+    # hour in every zone of whole-hour offset; a half-hour zone shows its labels at :30).
+    hours = [timezone.localtime(hour) for hour in trends.hour_starts()]
 
     def sparks(series: Any) -> list[tuple[str, int, str]]:
         return [
@@ -122,6 +124,7 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
     return {
         "range_name": range_name,
         "range_label": label,
+        "zone": timezone.get_current_timezone_name(),
         "ranges": list(RANGE_LABELS.items()),
         "charts": [
             (
@@ -142,3 +145,24 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
 def console_time_filter(value: datetime | None) -> str:
     """A timestamp as every console page shows it: seconds and zone."""
     return console_time(value)
+
+
+@register.simple_tag(takes_context=True)
+def outbox_status_line(context: template.Context, kpis: dict[str, Any] | None) -> Any:
+    """The status line (notifications.status_line) from the page's ``kpis``, or None when the
+    user may not view notifications."""
+    from notifications.status_line import status_line_compute
+
+    request = context.get("request")
+    if kpis is None or request is None or not request.user.has_perm("notifications.view_notification"):
+        return None
+    return status_line_compute(kpis=kpis)
+
+
+@register.simple_tag
+def outbox_matches(changelist: Any) -> Any:
+    """The outbox page's matches counted by site and by list (notifications.console), following
+    its filters and search."""
+    from notifications.console import matches_by_site_and_list
+
+    return matches_by_site_and_list(changelist.queryset)

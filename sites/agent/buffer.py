@@ -773,9 +773,10 @@ class Buffer:
         self, *, since: str | None = None, consume: bool = False, now: str = ""
     ) -> list[Acknowledgement]:
         """Stored acknowledgements in the order they arrived, those received after ``since``
-        (the site's clock, ISO-8601 UTC text) when given. ``consume``: only those not handed
-        over yet, marked handed over (at ``now``) in the same transaction, so no caller in any
-        process ever gets one twice."""
+        (the site's clock, ISO-8601 UTC text) when given; ``received_at`` grows in that order,
+        so the last one seen is a safe ``since`` for the next call. ``consume``: only those not
+        handed over yet, marked handed over (at ``now``) in the same transaction, so no caller
+        in any process ever gets one twice."""
 
         def work(connection: sqlite3.Connection) -> list[Acknowledgement]:
             where: list[str] = []
@@ -945,6 +946,15 @@ class Buffer:
         now: str,
         details: dict[str, str | None],
     ) -> tuple[str, str]:
+        # received_at only grows, in the order acknowledgements are stored (the write lock
+        # serialises them), even when the clock steps back or two forwarders share the buffer:
+        # a reader that passes the last received_at it saw as ``since`` never misses one.
+        latest = connection.execute("SELECT MAX(received_at) FROM outbox_acknowledgements").fetchone()[0]
+        received_at = now
+        if latest is not None and latest >= now:
+            previous = parse_utc(latest)
+            if previous is not None:
+                received_at = iso_utc(previous + timedelta(microseconds=1))
         # A notification is acknowledged at most once; a second command for it (central sent a
         # new one after the first expired) leaves the stored acknowledgement as it is.
         stored = connection.execute(
@@ -957,7 +967,7 @@ class Buffer:
                 details.get("acknowledged_via") or "",
                 details.get("acknowledged_by") or "",
                 details.get("note") or "",
-                now,
+                received_at,
             ),
         ).rowcount
         received = parse_utc(now)

@@ -301,7 +301,8 @@ class SiteOutbox:
     def acknowledgements(self, since: datetime | str | None = None, *, consume: bool = False) -> list[Record]:
         """Acknowledgements central sent for this site's notifications, in the order they
         arrived: dicts with ``notification_id``, ``acknowledged_at`` (central's time),
-        ``acknowledged_via`` (``link``, ``sms``, ``teams``, ``console``, ``api`` or ``site``),
+        ``acknowledged_via`` (``link``, ``sms``, ``teams``, ``console`` or ``api``: central does
+        not send back the site's own),
         ``acknowledged_by`` (masked by central), ``note`` and ``received_at`` (when this site
         stored it, by this site's clock).
 

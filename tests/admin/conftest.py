@@ -32,6 +32,7 @@ def ensure_roles():
         importlib.import_module("notifications.migrations.0021_dispatch_request_worker_processes").grant_roles(
             apps, editor
         )
+        importlib.import_module("notifications.migrations.0032_suppression_roles").grant_roles(apps, editor)
         site_roles = importlib.import_module("sites.migrations.0003_site_operator_permissions")
         site_roles.grant(apps, editor)
         importlib.import_module("sites.migrations.0009_watchdog_permissions").grant(apps, editor)

@@ -1,6 +1,7 @@
 """Accessibility of the console's main pages in a real headless Chromium: axe-core (vendored in
 tests/support/vendor/, injected from the file — no network) finds no serious or critical
-violation on each page in the light and the dark theme, and a screenshot of each page is written
+violation on each page in the light and the dark theme, on a desktop and a phone screen
+(390×844), and a screenshot of each page is written
 to test-artifacts/ (``make screenshots`` runs only this file).
 
 Skipped, with the reason printed, where /usr/bin/chromium or the playwright package is absent.
@@ -12,8 +13,17 @@ from pathlib import Path
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
-from notifications.models import EmailRecipient, Notification, NotificationList, SmtpConfiguration
+from notifications.health import channel_endpoints
+from notifications.models import (
+    ChannelHealth,
+    EmailRecipient,
+    IncidentNote,
+    Notification,
+    NotificationList,
+    SmtpConfiguration,
+)
 from sites.models import Site, SiteHeartbeat
 from tests.admin.conftest import make_notification, make_user
 from tests.admin.test_browser import ARTIFACTS, browser, log_in  # noqa: F401  (fixture)
@@ -58,6 +68,13 @@ def main_pages(data):
         ("smtp", reverse("admin:notifications_smtpconfiguration_change", args=[smtp.pk])),
         ("sites", reverse("admin:sites_site_changelist")),
         ("site", reverse("admin:sites_site_change", args=[data["site"].pk])),
+        ("parked-groups", reverse("admin:notifications_notification_parked")),
+        ("channel-breakdown", reverse("admin:notifications_notification_channel") + "?channel=email"),
+        ("policies", reverse("admin:notifications_deliverypolicy_changelist")),
+        ("policy-add", reverse("admin:notifications_deliverypolicy_add") + "?channel=webhook"),
+        ("flood-report", reverse("admin:notifications_notification_flood")),
+        ("silences", reverse("admin:notifications_silence_changelist")),
+        ("silence-add", reverse("admin:notifications_silence_add") + "?site=plant-a&preset=2h"),
     ]
 
 
@@ -82,11 +99,25 @@ def axe_serious(page):
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
-def test_main_pages_have_no_serious_accessibility_violations(browser, live_server, console_data, theme):  # noqa: F811
+@pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)], ids=["desktop", "phone"])
+def test_main_pages_have_no_serious_accessibility_violations(
+    browser,  # noqa: F811
+    live_server,
+    console_data,
+    theme,
+    width,
+    height,
+):
     ARTIFACTS.mkdir(exist_ok=True)
     administrator = make_user("adam", groups=["Administrators"])
+    suffix = "" if width > 800 else "-phone"
+    # An open channel and a note on it: the status line, the channel box and the notes are checked too.
+    ChannelHealth.objects.create(
+        channel="email", endpoint=channel_endpoints()["email"] or "", state="open", opened_at=timezone.now()
+    )
+    IncidentNote.objects.create(subject="channel:email", text="relay team called, ETA 04:00", author="olivia")
     # bypass_csp lets the test inject axe-core; the pages themselves run under their real policy.
-    context = browser.new_context(viewport={"width": 1440, "height": 900}, color_scheme=theme, bypass_csp=True)
+    context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=theme, bypass_csp=True)
     context.set_default_timeout(15_000)
     page = context.new_page()
     try:
@@ -95,7 +126,7 @@ def test_main_pages_have_no_serious_accessibility_violations(browser, live_serve
         for name, url in main_pages(console_data):
             response = page.goto(f"{live_server.url}{url}")
             assert response is not None and response.status == 200, (name, url)
-            page.screenshot(path=str(ARTIFACTS / f"console-{name}-{theme}.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / f"console-{name}-{theme}{suffix}.png"), full_page=True)
             violations = axe_serious(page)
             if violations:
                 found[name] = violations

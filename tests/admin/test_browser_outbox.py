@@ -25,7 +25,7 @@ from tests.support.smtp import SmtpServer
 
 Status = Notification.Status
 OUTBOX = reverse("admin:notifications_notification_changelist")
-UNKNOWN = "Unknown notification list 'Night-Shift'."
+UNKNOWN = "Permanent failure (configuration): Unknown notification list 'Night-Shift'."
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -112,7 +112,13 @@ def test_the_outbox_table_fits_the_screen_with_200_mixed_rows(viewport_page, liv
 def test_parked_group_create_list_retry_and_redrive_to_all_delivered(viewport_page, live_server):
     ARTIFACTS.mkdir(exist_ok=True)
     rows = [
-        make_notification(status=Status.PARKED, list_name="Night-Shift", last_error=UNKNOWN, source_site_id=site)
+        make_notification(
+            status=Status.PARKED,
+            list_name="Night-Shift",
+            last_error=UNKNOWN,
+            failure_code="unknown_list",
+            source_site_id=site,
+        )
         for site in ("plant-a", "plant-a", "plant-b")
     ]
     make_notification(status=Status.PARKED)  # another cause, left alone
@@ -140,6 +146,7 @@ def test_parked_group_create_list_retry_and_redrive_to_all_delivered(viewport_pa
             host=smtp.host, port=smtp.port, security="none", from_address="outbox@example.com", timeout_seconds=5
         )
         group.locator("button.outbox-group-retry").click()
+        page.click("#confirm-retry")  # "Retry all" asks first
         page.wait_for_url(re.compile(r".*/redrive/\?at=.*"))
         assert page.locator("#redrive-waiting .outbox-tile-value").inner_text() == "3"
         assert "still waiting" in page.locator("#redrive-state").inner_text()
@@ -181,7 +188,7 @@ def test_time_presets_and_csv_export(viewport_page, live_server):
         page.click("#export-csv-link")
     download = download_info.value
     assert download.suggested_filename.startswith("outbox-") and download.suggested_filename.endswith(".csv")
-    rows = list(csv.reader(io.StringIO(Path(download.path()).read_text(encoding="utf-8"))))
+    rows = list(csv.reader(io.StringIO(Path(download.path()).read_text(encoding="utf-8-sig"))))
     assert [row[0] for row in rows[1:]] == [str(recent.pk)]
 
 

@@ -29,7 +29,7 @@ PARKED_DISCARD = reverse("admin:notifications_notification_parked_discard")
 REDRIVE = reverse("admin:notifications_notification_redrive")
 EXPORT = reverse("admin:notifications_notification_export")
 TIMEZONE = reverse("admin:notifications_notification_timezone")
-UNKNOWN = "Unknown notification list 'Night-Shift'."
+UNKNOWN = "Permanent failure (configuration): Unknown notification list 'Night-Shift'."
 
 
 def texts(response):
@@ -93,7 +93,13 @@ def test_stuck_counts_from_the_last_retry_not_from_creation(operator_client):
 @pytest.fixture
 def night_shift(db):
     rows = [
-        make_notification(status=Status.PARKED, list_name="Night-Shift", last_error=UNKNOWN, source_site_id=site)
+        make_notification(
+            status=Status.PARKED,
+            list_name="Night-Shift",
+            last_error=UNKNOWN,
+            failure_code="unknown_list",
+            source_site_id=site,
+        )
         for site in ("plant-a", "plant-a", "plant-b")
     ]
     other = make_notification(status=Status.PARKED)  # "Retries exhausted (10): 451 try again later"
@@ -106,7 +112,10 @@ def test_parked_rows_are_grouped_by_cause_with_sites_lists_and_a_create_list_lin
     client.force_login(administrator)
     content = client.get(PARKED).content.decode()
     assert "4 parked notifications in 2 groups" in content
-    assert re.search(r"3 parked</span> — Unknown notification list &#x27;Night-Shift&#x27;\.", content)
+    assert re.search(
+        r"3 parked</span> — Permanent failure \(configuration\): Unknown notification list &#x27;Night-Shift&#x27;\.",
+        content,
+    )
     assert "plant-a (2)" in content and "plant-b (1)" in content and "Night-Shift (3)" in content
     add_list = reverse("admin:notifications_notificationlist_add") + "?name=Night-Shift"
     assert add_list in content
@@ -168,7 +177,7 @@ def test_long_errors_group_by_their_first_200_characters_and_retry_together(oper
     groups, partial = console.parked_groups()
     assert not partial
     assert [(group.count, group.cause[:10]) for group in groups] == [
-        (3, "Unknown no"),
+        (3, "Permanent "),
         (2, "550 5.7.1 "),
         (1, "Retries ex"),
     ]
@@ -290,7 +299,7 @@ def test_the_list_filter_offers_names_parked_rows_use_that_no_list_has(operator_
 def _csv(response):
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"].startswith("text/csv")
-    return list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    return list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode("utf-8-sig"))))
 
 
 def test_export_streams_the_filtered_rows_as_csv_with_formula_cells_defused(operator_client):
@@ -388,6 +397,11 @@ def test_the_outbox_page_offers_to_retry_rows_whose_list_exists_now(client, nigh
     assert 'id="outbox-lists-ready"' not in client.get(OUTBOX).content.decode()
     client.force_login(make_user("victor", permissions=["view_notification"]))
     NotificationList.objects.create(name="Day-Shift")
-    make_notification(status=Status.PARKED, list_name="Day-Shift", last_error="Unknown notification list 'Day-Shift'.")
+    make_notification(
+        status=Status.PARKED,
+        list_name="Day-Shift",
+        last_error="Permanent failure (configuration): Unknown notification list 'Day-Shift'.",
+        failure_code="unknown_list",
+    )
     content = client.get(OUTBOX).content.decode()
     assert "the list “Day-Shift” did not exist" in content and "Retry 1</button>" not in content

@@ -40,9 +40,17 @@ def test_migration_creates_operators_who_view_and_act_on_notifications_and_view_
         "notifications.view_emailrecipient",
         # The worker processes and what each last did (the worker heartbeat), read-only.
         "notifications.view_workerprocess",
+        # Silences (set, change, end) and the maintenance windows, read-only (suppression).
+        "notifications.view_silence",
+        "notifications.add_silence",
+        "notifications.change_silence",
+        "notifications.delete_silence",
+        "notifications.view_maintenancewindow",
         # The sites' watchdogs and the notifications they raised, read-only (Administrators retire them).
         "sites.view_watchdog",
         "sites.view_watchdogalert",
+        # The sites' pages, read-only (silent or direct, last post, what is parked there).
+        "sites.view_site",
     }
 
 
@@ -101,9 +109,11 @@ def test_operator_sees_notification_lists_read_only_and_cannot_edit_them(operato
     assert operator_client.get(reverse("admin:notifications_notificationlist_add")).status_code == 403
 
 
-def test_operator_cannot_open_smtp_configuration_or_sites(operator_client, site):
+def test_operator_cannot_open_smtp_configuration_and_only_reads_sites(operator_client, site):
     assert operator_client.get(reverse("admin:notifications_smtpconfiguration_changelist")).status_code == 403
-    assert operator_client.get(reverse("admin:sites_site_change", args=[site.pk])).status_code == 403
+    # A site's page is read-only for operators; its keys are the administrators'.
+    assert operator_client.get(reverse("admin:sites_site_change", args=[site.pk])).status_code == 200
+    assert operator_client.post(reverse("admin:sites_site_change", args=[site.pk]), {"name": "x"}).status_code == 403
     assert operator_client.post(reverse("admin:sites_site_issue_key", args=[site.pk])).status_code == 403
 
 

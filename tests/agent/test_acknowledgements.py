@@ -100,6 +100,23 @@ def test_acknowledgements_come_in_the_order_they_arrived_and_since_filters_on_ar
         outbox.acknowledgements(since="yesterday")
 
 
+def test_the_last_received_at_is_a_cursor_that_misses_nothing_even_when_the_clock_steps_back(outbox, central, clock):
+    first, second, third = forwarded(outbox, 3)
+    central.commands.append(acknowledged(first))
+    outbox.sync_with_central()
+    (seen,) = outbox.acknowledgements()
+    clock.advance(-120)  # NTP steps the site's clock back two minutes
+    central.commands.append(acknowledged(second))
+    outbox.sync_with_central()
+    central.commands.append(acknowledged(third))
+    outbox.sync_with_central()
+
+    newer = outbox.acknowledgements(since=seen["received_at"])
+    assert [a["notification_id"] for a in newer] == [second, third]
+    assert seen["received_at"] < newer[0]["received_at"] < newer[1]["received_at"]
+    assert outbox.acknowledgements(since=newer[1]["received_at"]) == []
+
+
 READER = """
 import json, sys
 from sites.agent import SiteOutbox

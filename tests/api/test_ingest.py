@@ -45,9 +45,22 @@ def test_new_notification_is_created_with_201_and_its_status_record(api, payload
         "next_attempt_at",
         "delivered_at",
         "delivered_locally_at",
+        "suppressed_by",
+        "dedup_key",
+        "occurrences",
+        "last_occurrence_at",
+        "held_for_digest",
         "delivery_summary",
         "target_counts",
         "targets",
+        "asks_ack",
+        "acknowledged_at",
+        "acknowledged_by",
+        "acknowledged_via",
+        "acknowledged_note",
+        "cleared_at",
+        "cleared_note",
+        "escalations",
     }
     assert record["targets"] == []  # resolved at delivery time
     row = Notification.objects.get(pk=payload["notification_id"])

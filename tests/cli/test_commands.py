@@ -130,6 +130,8 @@ def test_import_creates_everything_and_export_round_trips_without_secrets(db, tm
         expected["policies"][channel] = delivery_policy_default(channel=channel).as_dict()
     # A list setting the file left out is exported at its value (the default).
     expected["lists"][0]["resend_after_local_delivery"] = False
+    expected["lists"][0].update(ack_required_from="high", escalation=[], repeat_last_every_seconds=0)
+    expected["lists"][0].update(dedup_window_seconds=0, flood_threshold=0, flood_window_seconds=60)
     assert data == expected
 
     # Re-importing the export keeps the stored password.

@@ -81,6 +81,15 @@ def test_purge_deletes_only_terminal_rows_older_than_the_retention_window(aged):
     assert DeliveryAttempt.objects.count() == 4  # the purged rows' attempts went with them
 
 
+def test_purge_deletes_old_suppressed_rows_like_the_other_final_states(db, settings):
+    settings.OUTBOX_RETENTION_DAYS = 30
+    old = make(Status.SUPPRESSED, age=timedelta(days=31))
+    young = make(Status.SUPPRESSED, age=timedelta(days=29))
+    assert notifications_purge(now=NOW).deleted == 1
+    assert set(Notification.objects.values_list("pk", flat=True)) == {young.pk}
+    assert not Notification.objects.filter(pk=old.pk).exists()
+
+
 def test_purge_takes_every_row_that_refers_to_a_purged_notification(aged):
     # The purge deletes on PostgreSQL with its own SQL (notifications.db.expired_batch_delete),
     # not the ORM's cascade: it must know every table that refers to a notification.
@@ -245,7 +254,12 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
         "oldest_pending_age_seconds": 1800.0,
         "failures_last_interval": {**NO_FAILURES, "connection": 2},
         "deliveries_queued": 0,  # their list has no members
+        "suppressed_last_interval": 0,
+        "held_for_digest": 0,
         "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 4, "low": 0},
+        "unacknowledged": 0,  # none asks for acknowledgement
+        "unacknowledged_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "time_to_ack": {"per_list": {}, "per_site": {}},
     }
     assert kpis["per_site"] == {
         "plant-a": {
@@ -256,7 +270,11 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "delivered_last_interval": 1,
             "partially_delivered_last_interval": 0,
             "deliveries_queued": 0,
+            "suppressed_last_interval": 0,
+            "held_for_digest": 0,
             "oldest_pending_age_seconds": 1800.0,
+            "unacknowledged": 0,
+            "time_to_ack": None,
         },
         "plant-b": {
             "queue_depth": 1,
@@ -266,7 +284,11 @@ def test_kpis_are_computed_globally_and_per_site(crafted):
             "delivered_last_interval": 1,
             "partially_delivered_last_interval": 1,
             "deliveries_queued": 0,
+            "suppressed_last_interval": 0,
+            "held_for_digest": 0,
             "oldest_pending_age_seconds": 660.0,
+            "unacknowledged": 0,
+            "time_to_ack": None,
         },
     }
     assert kpis["channels"] == []
@@ -315,7 +337,12 @@ def test_kpis_of_an_empty_table_have_no_oldest_age(db):
         "oldest_pending_age_seconds": None,
         "failures_last_interval": NO_FAILURES,
         "deliveries_queued": 0,
+        "suppressed_last_interval": 0,
+        "held_for_digest": 0,
         "queue_depth_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "unacknowledged": 0,
+        "unacknowledged_by_priority": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        "time_to_ack": {"per_list": {}, "per_site": {}},
     }
     assert kpis["per_site"] == {}
     assert kpis["channels"] == []
@@ -325,9 +352,10 @@ def test_kpis_take_a_few_queries_while_every_channel_is_healthy(crafted, django_
     # PostgreSQL, from the kept counts (notifications.counts): the two folds, the open figures, the
     # stuck figure, the oldest queued per site. SQLite: one statement over the open rows. Then
     # the delivered rows (two halves of one statement), failures by class, channel health; the
-    # waiting rows by site, channel and list with the lists they name (deliveries), and the
-    # waiting rows by priority.
-    expected = 11 if connection.vendor == "postgresql" else 7
+    # waiting rows by site, channel and list with the lists they name (deliveries), the
+    # waiting rows by priority; the unacknowledged rows and the acknowledgements of the interval;
+    # the suppressed and held rows.
+    expected = 14 if connection.vendor == "postgresql" else 10
     with django_assert_num_queries(expected):
         kpis_compute()
 

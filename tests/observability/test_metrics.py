@@ -87,6 +87,19 @@ def test_only_get_is_served(db):
 # --- gauges -----------------------------------------------------------------------------------
 
 
+def test_the_suppression_gauges_count_suppressed_and_held_rows(db):
+    suppressed = queue(2, site_id="plant-a")
+    Notification.objects.filter(pk__in=[row.pk for row in suppressed]).update(
+        status=Status.SUPPRESSED, suppressed_by="silence:1"
+    )
+    held = queue(3, site_id="plant-b")
+    Notification.objects.filter(pk__in=[row.pk for row in held]).update(held_for_digest=timezone.now())
+    values = scrape()
+    assert values[("outbox_suppressed_last_interval", (("site", "plant-a"),))] == 2
+    assert values[("outbox_held_for_digest", (("site", "plant-b"),))] == 3
+    assert values[("outbox_queue_depth", (("site", "plant-b"),))] == 3  # held rows wait in the queue
+
+
 def test_gauges_match_the_database(db, settings):
     Site.objects.create(site_id="plant-a", name="Plant A")
     quiet = Site.objects.create(site_id="plant-c", name="Plant C")
@@ -109,6 +122,8 @@ def test_gauges_match_the_database(db, settings):
     assert values[("outbox_queue_depth", (("site", "plant-b"),))] == 2
     assert values[("outbox_parked", (("site", "plant-b"),))] == 1
     assert values[("outbox_parked", (("site", "plant-a"),))] == 0
+    assert values[("outbox_suppressed_last_interval", (("site", "plant-a"),))] == 0
+    assert values[("outbox_held_for_digest", (("site", "plant-b"),))] == 0
     assert values[("outbox_stuck", ())] == 1
     assert (
         settings.OUTBOX_STUCK_AGE + 110
@@ -171,10 +186,12 @@ def test_scrapes_within_the_cache_time_share_one_kpi_pass(db, settings, django_a
 
 def test_a_scrape_costs_at_most_one_kpi_pass(db, django_assert_max_num_queries):
     queue(2)
-    # One KPI pass (notifications.kpis: ten short queries on PostgreSQL, which reads the kept
-    # counts, with the deliveries' lists and members; six on SQLite), the database clock, the
-    # sites' heartbeats — what GET /api/v1/kpis/ costs — and the last worker activity.
-    with django_assert_max_num_queries(15 if connection.vendor == "postgresql" else 11):
+    # One KPI pass (notifications.kpis: twelve short queries on PostgreSQL, which reads the kept
+    # counts, with the deliveries' lists and members and the acknowledgement figures; eight on
+    # SQLite), the database clock, the sites' heartbeats — what GET /api/v1/kpis/ costs — and the
+    # last worker activity.
+    # (One more each for the suppressed rows and the rows held for a digest.)
+    with django_assert_max_num_queries(18 if connection.vendor == "postgresql" else 14):
         scrape()
 
 

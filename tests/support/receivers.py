@@ -312,3 +312,23 @@ class TwilioFake(Receiver):
         if signature:
             headers["X-Twilio-Signature"] = signature
         return httpx.post(url, data=params, headers=headers, timeout=10)
+
+
+def twilio_inbound(
+    url: str, *, auth_token: str, from_number: str, body: str, to: str = "+15005550006", signature: str | None = None
+) -> httpx.Response:
+    """POST the incoming-message webhook Twilio would send to ``url`` for an SMS ``body`` from
+    ``from_number``, signed as Twilio signs under ``auth_token`` (or with ``signature``)."""
+    params = {
+        "AccountSid": "AC" + "0123456789abcdef" * 2,
+        "MessageSid": "SM" + secrets.token_hex(16),
+        "From": from_number,
+        "To": to,
+        "Body": body,
+        "NumMedia": "0",
+        "ApiVersion": "2010-04-01",
+    }
+    if signature is None:
+        signature = RequestValidator(auth_token).compute_signature(url, params)
+    headers = {"X-Twilio-Signature": signature} if signature else {}
+    return httpx.post(url, data=params, headers=headers, timeout=10)

@@ -4,7 +4,8 @@
    - the auto-refresh toggle (kept in localStorage) fetches the page in the background every
      few seconds and swaps in the KPI tiles and the table; it pauses while rows are selected, a
      cell is open or the tab is hidden;
-   - the redrive counts update themselves every 2 s until no row is left waiting. */
+   - the redrive counts update themselves every 2 s until no row is left waiting;
+   - "/" puts the cursor in the search box (as in Grafana or GitHub), unless one is typing. */
 (function () {
   "use strict";
 
@@ -18,6 +19,26 @@
     var current = document.getElementById("outbox-zone-current");
     if (current && current.textContent.trim() === zone) button.setAttribute("aria-pressed", "true");
     button.hidden = false;
+  }
+
+  // The console's clock is 24-hour ("Updated 18:05:50"), like every other time it shows.
+  function clock(date) {
+    function two(n) { return (n < 10 ? "0" : "") + n; }
+    return two(date.getHours()) + ":" + two(date.getMinutes()) + ":" + two(date.getSeconds());
+  }
+
+  function searchShortcut() {
+    document.addEventListener("keydown", function (event) {
+      if (event.key !== "/" || event.ctrlKey || event.metaKey || event.altKey) return;
+      var target = event.target;
+      var tag = target && target.tagName;
+      if (tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT" || (target && target.isContentEditable)) return;
+      var search = document.getElementById("searchbar");
+      if (!search) return;
+      event.preventDefault();
+      search.focus();
+      search.select();
+    });
   }
 
   function fetchDocument(url) {
@@ -50,7 +71,7 @@
           var theirs = doc.querySelector(pair[1]);
           if (mine && theirs) mine.innerHTML = theirs.innerHTML;
         });
-        if (note) note.textContent = "Updated " + new Date().toLocaleTimeString();
+        if (note) note.textContent = "Updated " + clock(new Date());
       }).catch(function (error) {
         if (note) note.textContent = "Refresh failed (" + error.message + "); trying again.";
       });
@@ -90,7 +111,7 @@
     setTimeout(poll, 2000);
   }
 
-  function start() { zoneButton(); autoRefresh(); redrive(); }
+  function start() { zoneButton(); autoRefresh(); redrive(); searchShortcut(); }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
 })();

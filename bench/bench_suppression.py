@@ -1,0 +1,250 @@
+"""Suppression overhead on PostgreSQL, with suppression **on** — 10 active silences and the
+list's dedup window on, every notification carrying a ``dedup_key`` — and **off** (no silence,
+no window, no key), in alternating rounds:
+
+- **ingest**: single notifications through the ingest function (validation and
+  ``notifications_ingest``, one call each, as one API request makes it), in this process;
+- **dispatch**: the queued rows delivered by ``manage.py dispatch --once`` processes to the SMTP
+  sink of bench/sink.py, over the delivery window (first attempt started → last delivered,
+  from the rows' own timestamps, so process start-up does not count); every message is
+  verified received exactly once;
+- **HTTP ingest**: single posts to gunicorn from client processes (reported, no target: on a
+  shared machine the HTTP figure swings with everything else running).
+
+The silences match none of the traffic and every key is distinct, so the same rows are stored
+and delivered either way: what differs is the work suppression adds (reading and matching the
+rules, the list's lock and the anchor lookup at ingest; the digest check and the held-row
+condition at dispatch). Each figure is the best of its rounds (the round least disturbed by
+other load on the machine). Target: on ≥ 0.9 × off, for ingest and for dispatch.
+
+Writes bench-results/suppression.json. Usage: python bench/bench_suppression.py [--seconds 5]
+[--clients 4] [--rounds 2] [--processes 2] [--concurrency 8]
+"""
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import statistics
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_dispatch import configure, start_sink
+from bench.common import check, demo_database, dispatchers_run, setup_django, write_results
+from tests.support.processes import Central
+
+SILENCES = 10
+RULES_SETTLE_SECONDS = 1.5  # the web processes read the rules at most once a second
+
+
+def client_loop(args: tuple[int, str, float, bool]) -> tuple[int, int]:
+    """One client process: single posts for ``seconds``; (created, errors)."""
+    port, key, seconds, keyed = args
+    headers = {"Content-Type": "application/json", "Authorization": f"Api-Key {key}"}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    created = errors = 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        payload: dict[str, Any] = {
+            "notification_id": str(uuid.uuid4()),
+            "list_name": "Operators",
+            "subject": "Pump 3 tripped",
+            "body": "Pump 3 tripped on overcurrent at 10:00; operator attention required.",
+            "source_instance_id": "Pump3",
+        }
+        if keyed:
+            payload["dedup_key"] = f"pump-3-{uuid.uuid4().hex[:12]}"  # distinct: never a duplicate
+        try:
+            conn.request("POST", "/api/v1/notifications/", json.dumps(payload), headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status == 201:
+                created += 1
+            else:
+                errors += 1
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            errors += 1
+    conn.close()
+    return created, errors
+
+
+def suppression_set(on: bool, *, settle: bool = True, dedup: bool = True) -> None:
+    """Suppression on (10 silences matching none of the traffic, and unless ``dedup`` is False
+    the list's dedup window) or off."""
+    from django.utils import timezone
+
+    from notifications.models import NotificationList, Silence
+
+    Silence.objects.all().delete()
+    NotificationList.objects.filter(name="Operators").update(dedup_window_seconds=3600 if on and dedup else 0)
+    if on:
+        now = timezone.now()
+        Silence.objects.bulk_create(
+            Silence(
+                site=f"other-site-{n}",
+                source_instance_id=f"Valve{n}",
+                starts_at=now - timedelta(minutes=1),
+                ends_at=now + timedelta(hours=6),
+                reason="benchmark",
+                created_by="bench",
+            )
+            for n in range(SILENCES)
+        )
+    from notifications.suppression import suppression_rules_forget
+
+    suppression_rules_forget()  # this process (bulk writes send no signal)
+    if settle:
+        time.sleep(RULES_SETTLE_SECONDS)  # the web processes
+
+
+def ingest_in_process(count: int, *, keyed: bool, site_id: str = "demo-site") -> float:
+    """Ingest ``count`` single notifications, one call each as one request makes it: per second."""
+    from notifications.ingest import notification_validate, notifications_ingest
+
+    started = time.perf_counter()
+    for _ in range(count):
+        payload: dict[str, Any] = {
+            "notification_id": str(uuid.uuid4()),
+            "list_name": "Operators",
+            "subject": "Pump 3 tripped",
+            "body": "Pump 3 tripped on overcurrent at 10:00; operator attention required.",
+            "source_instance_id": "Pump3",
+        }
+        if keyed:
+            payload["dedup_key"] = f"pump-3-{uuid.uuid4().hex[:12]}"
+        item, rejection = notification_validate(payload, site_id=site_id)
+        assert item is not None, rejection
+        outcome = notifications_ingest(site_id=site_id, inputs=[item])
+        assert outcome[0].result == "created"
+    return count / (time.perf_counter() - started)
+
+
+def ingest_phase(pool: Any, port: int, key: str, seconds: float, clients: int, keyed: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    results = pool.map(client_loop, [(port, key, seconds, keyed)] * clients)
+    elapsed = time.perf_counter() - started
+    created = sum(result[0] for result in results)
+    return {"per_second": created / elapsed, "created": created, "errors": sum(result[1] for result in results)}
+
+
+def dispatch_phase(url: str, processes: int, concurrency: int) -> dict[str, Any]:
+    """Drain every queued row to a fresh sink; delivered per second and whether the sink got
+    each row exactly once."""
+    from django.db.models import Max, Min
+
+    from notifications.models import DeliveryAttempt, Notification
+
+    queued = list(Notification.objects.filter(status="Pending").values_list("pk", flat=True))
+    sink = start_sink()
+    configure(sink.port)
+    codes = dispatchers_run(url=url, processes=processes, concurrency=concurrency, batch_size=200, gate=True)
+    received = sink.stop()
+    exact = sorted(received) == sorted(str(pk) for pk in queued)
+    delivered = Notification.objects.filter(pk__in=queued, status="Delivered")
+    first = DeliveryAttempt.objects.filter(notification__in=queued).aggregate(first=Min("started_at"))["first"]
+    last = delivered.aggregate(last=Max("delivered_at"))["last"]
+    window = max(1e-3, (last - first).total_seconds()) if first and last else float("inf")
+    count = delivered.count()
+    return {"per_second": count / window, "delivered": count, "exactly_once": exact, "codes": codes}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=500, help="notifications per ingest and dispatch round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="HTTP ingest: seconds per phase")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+
+    url, key = demo_database("suppression")
+    setup_django(url)
+    rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    silences_only: list[float] = []
+    suppression_set(False, settle=False)
+    ingest_in_process(100, keyed=False)  # warm-up
+    dispatch_phase(url, args.processes, args.concurrency)
+    for number in range(1, args.rounds + 1):
+        for mode in ("off", "on") if number % 2 else ("on", "off"):
+            suppression_set(mode == "on", settle=False)
+            ingest = ingest_in_process(args.count, keyed=mode == "on")
+            dispatch = dispatch_phase(url, args.processes, args.concurrency)
+            rounds[mode].append({"ingest": ingest, "dispatch": dispatch})
+            print(
+                f"round {number} {mode:3}: ingest {ingest:.0f}/s, dispatch {dispatch['per_second']:.0f}/s",
+                flush=True,
+            )
+        # The silences alone (no dedup window): what every ingest pays once silences exist.
+        suppression_set(True, settle=False, dedup=False)
+        silences_only.append(ingest_in_process(args.count, keyed=False))
+        print(f"round {number} silences only: ingest {silences_only[-1]:.0f}/s", flush=True)
+    http: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    with (
+        Central(database=url, workers=args.workers, OUTBOX_SITE_RATE_LIMIT=1_000_000) as server,
+        multiprocessing.Pool(args.clients) as pool,
+    ):
+        ingest_phase(pool, server.port, key, 1.0, args.clients, keyed=False)  # warm-up
+        for number in range(1, args.rounds + 1):
+            for mode in ("off", "on") if number % 2 else ("on", "off"):
+                suppression_set(mode == "on")
+                http[mode].append(ingest_phase(pool, server.port, key, args.seconds, args.clients, keyed=mode == "on"))
+                print(f"round {number} {mode:3}: HTTP ingest {http[mode][-1]['per_second']:.0f}/s", flush=True)
+
+    def best(mode: str, phase: str) -> float:
+        values = [entry[phase] if phase == "ingest" else entry[phase]["per_second"] for entry in rounds[mode]]
+        return max(values)
+
+    ingest_ratio = best("on", "ingest") / best("off", "ingest")
+    dispatch_ratio = best("on", "dispatch") / best("off", "dispatch")
+    http_off = statistics.median(entry["per_second"] for entry in http["off"])
+    http_on = statistics.median(entry["per_second"] for entry in http["on"])
+    errors = sum(entry["errors"] for mode in http for entry in http[mode])
+    exact = all(entry["dispatch"]["exactly_once"] for mode in rounds for entry in rounds[mode])
+    checks = [
+        check("suppression: ingest, off", best("off", "ingest"), "notif/s", "(reference)", True),
+        check(
+            "suppression: ingest, 10 silences + dedup on",
+            best("on", "ingest"),
+            "notif/s",
+            ">= 0.9 x off",
+            ingest_ratio >= 0.9,
+            ingest_ratio,
+        ),
+        check(
+            "suppression: ingest, 10 silences only",
+            max(silences_only),
+            "notif/s",
+            "(reported)",
+            True,
+            max(silences_only) / best("off", "ingest"),
+        ),
+        check("suppression: dispatch, off", best("off", "dispatch"), "msg/s", "(reference)", True),
+        check(
+            "suppression: dispatch, 10 silences + dedup on",
+            best("on", "dispatch"),
+            "msg/s",
+            ">= 0.9 x off",
+            dispatch_ratio >= 0.9,
+            dispatch_ratio,
+        ),
+        check("suppression: HTTP ingest, off (median)", http_off, "req/s", "(reported)", True),
+        check("suppression: HTTP ingest, on (median)", http_on, "req/s", "(reported)", True, http_on / http_off),
+        check("suppression: failed requests", errors, "count", "== 0", errors == 0),
+        check("suppression: every message received once", float(exact), "bool", "== 1", exact),
+    ]
+    details = {"rounds": rounds, "silences_only": silences_only, "http": http, "args": vars(args)}
+    write_results("suppression", checks, details)
+    return 0 if all(entry["ok"] for entry in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

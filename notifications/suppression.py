@@ -1,0 +1,600 @@
+"""Suppression (docs/suppression.md): which notifications are never sent on their own, decided
+when central ingests them, and the flood digests that replace held ones.
+
+- **Silences** and **maintenance windows**: a notification matching an active one when it is
+  ingested is stored ``Suppressed`` (``silence:<id>``; a maintenance window: ``silence:mw<id>``).
+  ``high`` and ``critical`` ones only when the silence includes them.
+- **Duplicates**: a list's ``dedup_window_seconds``. A notification with a ``dedup_key`` whose
+  *anchor* — the last notification of the same site, list and key that was not itself
+  suppressed — was created less than the window ago and is neither acknowledged nor cleared is
+  stored ``Suppressed`` (``duplicate:<anchor id>``) unless its priority is higher than the
+  anchor's; the anchor counts it (``occurrences``, ``last_occurrence_at``).
+- **Floods**: a list's ``flood_threshold`` per ``flood_window_seconds``, per site and channel.
+  Beyond the threshold, non-critical notifications are stored ``Pending`` but *held*
+  (``held_for_digest`` = the window's end; the dispatcher never claims them). At the window's
+  end :func:`digests_flush` makes one digest notification of them and turns them ``Suppressed``
+  (``digest:<digest id>``) in the same transaction.
+
+Checks run in that order: a silenced notification is neither a duplicate nor counted in a
+flood; a duplicate is not counted in a flood. Decisions that depend on earlier rows (duplicates,
+floods) are taken under a transaction-level lock of the site and list (PostgreSQL: an advisory
+lock; SQLite: its IMMEDIATE transactions serialise writers), in the transaction that inserts
+the rows, so two concurrent ingests of one key neither lose a count nor both become anchors.
+"""
+
+import hashlib
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.conf import settings as django_settings
+from django.db import connection, transaction
+from django.db.models import Count, F, Min, Q
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from notifications.acknowledgement import ListSettings, asks_ack
+from notifications.db import database_now
+from notifications.escalation import escalation_first_after, notifications_escalation_start
+from notifications.list_names import notification_lists_by_name
+from notifications.models import FloodWindow, MaintenanceWindow, Notification, NotificationList, Silence
+from notifications.trigger import dispatch_request
+
+Status = Notification.Status
+Priority = Notification.Priority
+
+# Active silences, maintenance windows and the lists' settings are read at most this often per
+# process (ingest would otherwise pay three queries per request; docs/performance.md). A change
+# made in the console reaches the process that made it at once (suppression_rules_forget) and
+# the others within this time.
+RULES_TTL_SECONDS = 1.0
+DIGEST_LINES = 50  # the held notifications listed one by one in a digest's body
+
+
+def notifications_released_escalation_start(*, notification_ids: list[Any], released_at: datetime) -> None:
+    """Called in the transaction that releases notifications (Deliver anyway): a released row's
+    escalation counts from its release, not from its creation (a suppressed row never
+    escalated)."""
+    rows = list(
+        Notification.objects.filter(pk__in=notification_ids, escalation_of__isnull=True).only(
+            "notification_id", "priority", "list_name"
+        )
+    )
+    lists = _lists_settings(names={row.list_name for row in rows})
+    starting = {}
+    for row in rows:
+        after = escalation_first_after(priority=row.priority, list_settings=lists.get(row.list_name))
+        if after:
+            starting[row.pk] = (released_at, after)
+    notifications_escalation_start(created=starting)
+
+
+def _lists_settings(*, names: set[str]) -> dict[str, ListSettings]:
+    """The acknowledgement and escalation settings of the lists ``names`` refer to, read now (a
+    release or a digest is rare; ingest reads them through acknowledgement.list_settings_by_key)."""
+    return {
+        name: ListSettings(found.ack_required_from, found.escalation, found.repeat_last_every_seconds)
+        for name, found in notification_lists_by_name(names=names).items()
+    }
+
+
+# --- the rules, cached briefly ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListRules:
+    dedup_window_seconds: int
+    flood_threshold: int
+    flood_window_seconds: int
+
+
+@dataclass
+class _Rules:
+    read_at: float = -1e9
+    silences: list[Silence] = field(default_factory=list)
+    windows: list[MaintenanceWindow] = field(default_factory=list)
+    lists: dict[str, ListRules] = field(default_factory=dict)
+
+
+_rules = _Rules()
+
+
+def suppression_rules_forget(**kwargs: Any) -> None:
+    """Drop this process's cached rules (a silence, window or list was saved or deleted)."""
+    global _rules
+    _rules = _Rules()
+
+
+def _rules_now(now: datetime) -> _Rules:
+    global _rules
+    if time.monotonic() - _rules.read_at < RULES_TTL_SECONDS:
+        return _rules
+    # Silences that end within the cache's lifetime are read too; each is judged at ingest time.
+    fresh = _Rules(
+        read_at=time.monotonic(),
+        silences=list(Silence.objects.filter(ends_at__gt=now, starts_at__lte=now + timedelta(minutes=5))),
+        windows=list(MaintenanceWindow.objects.all()),
+        lists={
+            row.name.casefold(): ListRules(row.dedup_window_seconds, row.flood_threshold, row.flood_window_seconds)
+            for row in NotificationList.objects.filter(Q(dedup_window_seconds__gt=0) | Q(flood_threshold__gt=0)).only(
+                "name", "dedup_window_seconds", "flood_threshold", "flood_window_seconds"
+            )
+        },
+    )
+    _rules = fresh
+    return fresh
+
+
+# --- silences and maintenance windows -----------------------------------------------------------
+
+
+def _priority_included(priority: int, *, include_high: bool, include_critical: bool) -> bool:
+    if priority == Priority.CRITICAL:
+        return include_critical
+    if priority == Priority.HIGH:
+        return include_high
+    return True
+
+
+def silence_matches(silence: Silence, row: dict[str, Any], *, now: datetime) -> bool:
+    """Whether ``silence`` is active at ``now`` and matches the notification ``row``."""
+    if not (silence.starts_at <= now < silence.ends_at):
+        return False
+    if silence.site and silence.site != row["source_site_id"]:
+        return False
+    if silence.list_name and silence.list_name.casefold() != row["list_name"].casefold():
+        return False
+    if silence.source_instance_id and silence.source_instance_id != row["source_instance_id"]:
+        return False
+    if silence.subject_contains and silence.subject_contains.casefold() not in row["subject"].casefold():
+        return False
+    return _priority_included(
+        row["priority"], include_high=silence.include_high, include_critical=silence.include_critical
+    )
+
+
+def maintenance_window_covers(window: MaintenanceWindow, moment: datetime) -> bool:
+    """Whether the weekly ``window`` covers ``moment`` (aware): judged on the wall clock of the
+    window's time zone, so it keeps its local hours across daylight-saving changes. A window
+    whose end is not after its start crosses midnight and belongs to the day it starts on."""
+    try:
+        zone = ZoneInfo(window.time_zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    local = moment.astimezone(zone)
+    days = {int(day) for day in window.days}
+    clock = local.time().replace(tzinfo=None)
+    if window.starts < window.ends:
+        return local.weekday() in days and window.starts <= clock < window.ends
+    if local.weekday() in days and clock >= window.starts:
+        return True
+    return (local.weekday() - 1) % 7 in days and clock < window.ends
+
+
+def _silenced_by(row: dict[str, Any], rules: _Rules, now: datetime) -> str:
+    for silence in rules.silences:
+        if silence_matches(silence, row, now=now):
+            return f"silence:{silence.pk}"
+    for window in rules.windows:
+        if window.site != row["source_site_id"]:
+            continue
+        included = _priority_included(
+            row["priority"], include_high=window.include_high, include_critical=window.include_critical
+        )
+        if included and maintenance_window_covers(window, now):
+            return f"silence:mw{window.pk}"
+    return ""
+
+
+def _suppress(row: dict[str, Any], reason: str) -> None:
+    row["status"] = Status.SUPPRESSED
+    row["suppressed_by"] = reason
+    row["next_attempt_at"] = None
+
+
+# --- at ingest ------------------------------------------------------------------------------------
+
+
+def rows_suppression_columns(rows: Sequence[dict[str, Any]]) -> None:
+    """Give every row the columns suppression may set (so that all rows of one insert have the
+    same columns): Pending, not suppressed, not held."""
+    for row in rows:
+        row.setdefault("status", Status.PENDING)
+        row.setdefault("suppressed_by", "")
+        row.setdefault("held_for_digest", None)
+        row.setdefault("next_attempt_at", None)
+
+
+def rows_silence(rows: Sequence[dict[str, Any]], *, now: datetime | None = None) -> None:
+    """Mark the rows an active silence or maintenance window covers as Suppressed. A silence's
+    edges are judged on this process's clock (default ``now``): it has minute-sized edges set
+    by people, and asking the database for the time would cost every ingest a round trip."""
+    now = now or timezone.now()
+    rules = _rules_now(now)
+    if not rules.silences and not rules.windows:
+        return
+    for row in rows:
+        reason = _silenced_by(row, rules, now)
+        if reason:
+            _suppress(row, reason)
+
+
+def rows_need_lock(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The lists (as given) whose rows need decisions depending on earlier rows: a dedup window
+    and a row with a dedup_key, or a flood threshold; only rows not already suppressed count."""
+    rules = _rules_now(timezone.now())
+    wanted = []
+    for row in rows:
+        if row["status"] == Status.SUPPRESSED:
+            continue
+        settings = rules.lists.get(row["list_name"].casefold())
+        if settings is None:
+            continue
+        if settings.flood_threshold or (settings.dedup_window_seconds and row.get("dedup_key")):
+            wanted.append(row["list_name"])
+    return sorted(set(wanted), key=str.casefold)
+
+
+def suppression_lock(*, site_id: str, list_name: str) -> datetime:
+    """Hold, until the transaction ends, the lock of one site's list: duplicate and flood
+    decisions, and digest flushing, for it run one at a time. SQLite's IMMEDIATE transactions
+    already run one at a time. Returns the database's time once the lock is held (in the same
+    round trip: ingest pays for every one)."""
+    if connection.vendor != "postgresql":
+        return database_now()
+    key = zlib.crc32(f"outbox-suppression\x00{site_id}\x00{list_name.casefold()}".encode())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT statement_timestamp() FROM (SELECT pg_advisory_xact_lock(%s, %s)) AS locked",
+            [0x0B0C, key - (1 << 31)],
+        )
+        return cursor.fetchone()[0]
+
+
+@dataclass
+class _Anchor:
+    notification_id: Any
+    created_at: datetime
+    priority: int
+    open: bool  # neither acknowledged nor cleared
+    duplicates: int = 0
+
+
+def _anchor_find(*, site_id: str, list_name: str, dedup_key: str) -> _Anchor | None:
+    row = (
+        Notification.objects.filter(source_site_id=site_id, list_name=list_name, dedup_key=dedup_key, suppressed_by="")
+        .exclude(status=Status.SUPPRESSED)
+        .order_by("-created_at")
+        .values("notification_id", "created_at", "priority", "acknowledged_at", "cleared_at")
+        .first()
+    )
+    if row is None:
+        return None
+    return _Anchor(
+        notification_id=row["notification_id"],
+        created_at=row["created_at"],
+        priority=row["priority"],
+        open=row["acknowledged_at"] is None and row["cleared_at"] is None,
+    )
+
+
+class _ListDecisions:
+    """Duplicate and flood decisions for the new rows of one site's list, under its lock."""
+
+    def __init__(self, *, site_id: str, rules: ListRules, now: datetime) -> None:
+        self.site_id = site_id
+        self.rules = rules
+        self.now = now
+        self.anchors: dict[str, _Anchor | None] = {}  # the current anchor of each key
+        self.counting: list[_Anchor] = []  # every anchor a row was counted to (a key's may change)
+        self.windows: dict[str, FloodWindow] = {}
+        # Per row decided: the anchor it was counted to and the window it was counted in.
+        self.counted: dict[Any, tuple[_Anchor | None, FloodWindow | None]] = {}
+
+    def decide(self, row: dict[str, Any]) -> None:
+        if row["status"] == Status.SUPPRESSED:
+            return
+        if self.rules.dedup_window_seconds and row.get("dedup_key") and self._duplicate(row):
+            return
+        if self.rules.flood_threshold:
+            self._flood_count(row)
+
+    def _duplicate(self, row: dict[str, Any]) -> bool:
+        key = row["dedup_key"]
+        if key not in self.anchors:
+            self.anchors[key] = _anchor_find(site_id=self.site_id, list_name=row["list_name"], dedup_key=key)
+        anchor = self.anchors[key]
+        window = timedelta(seconds=self.rules.dedup_window_seconds)
+        inside = anchor is not None and anchor.open and anchor.created_at > self.now - window
+        if anchor is not None and inside and row["priority"] <= anchor.priority:
+            _suppress(row, f"duplicate:{anchor.notification_id}")
+            if not anchor.duplicates:
+                self.counting.append(anchor)
+            anchor.duplicates += 1
+            self.counted[row["notification_id"]] = (anchor, None)
+            return True
+        # Delivered on its own: the anchor of the ones that follow.
+        self.anchors[key] = _Anchor(row["notification_id"], self.now, row["priority"], open=True)
+        return False
+
+    def _flood_count(self, row: dict[str, Any]) -> None:
+        channel = row["type"]
+        window = self.windows.get(channel)
+        if window is None:
+            window = _flood_window(site_id=self.site_id, list_name=row["list_name"], channel=channel, now=self.now)
+            self.windows[channel] = window
+        if window.ends_at <= self.now:
+            window.started_at = self.now
+            window.ends_at = self.now + timedelta(seconds=self.rules.flood_window_seconds)
+            window.count = 0
+        window.count += 1
+        self.counted[row["notification_id"]] = (None, window)
+        if window.count > self.rules.flood_threshold and row["priority"] != Priority.CRITICAL:
+            row["held_for_digest"] = window.ends_at
+            # Due when its digest is: it sorts after the rows due now in the claim index.
+            row["next_attempt_at"] = window.ends_at
+
+    def save(self, inserted: Iterable[Any]) -> None:
+        """Record the decisions of the rows actually inserted: the anchors' occurrences and the
+        flood windows' counts (a row not inserted, a replay, is taken back out of them)."""
+        inserted = set(inserted)
+        for row_id, (anchor, window) in self.counted.items():
+            if row_id in inserted:
+                continue
+            if anchor is not None:
+                anchor.duplicates -= 1
+            if window is not None:
+                window.count -= 1
+        for window in self.windows.values():
+            window.save()
+        for anchor in self.counting:
+            if anchor.duplicates:
+                Notification.objects.filter(pk=anchor.notification_id).update(
+                    occurrences=F("occurrences") + anchor.duplicates, last_occurrence_at=self.now
+                )
+
+
+def _flood_window(*, site_id: str, list_name: str, channel: str, now: datetime) -> FloodWindow:
+    """The window row of the key, locked (a new one has ended already: the caller starts it)."""
+    window, _ = FloodWindow.objects.select_for_update().get_or_create(
+        site=site_id, list_name=list_name.casefold(), type=channel, defaults={"started_at": now, "ends_at": now}
+    )
+    return window
+
+
+def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecisions:
+    """The decision maker for one site's list; call under :func:`suppression_lock`."""
+    rules = _rules_now(now).lists[list_name.casefold()]
+    return _ListDecisions(site_id=site_id, rules=rules, now=now)
+
+
+# --- flood digests ------------------------------------------------------------------------------
+
+
+def digests_next_due(*, now: datetime | None = None) -> datetime | None:
+    """When the next digest is due: the earliest ``held_for_digest`` of a held row, or None.
+    (``now``: the signature of the worker's due-time sources; a digest already due is due now.)"""
+    due: datetime | None = Notification.objects.filter(held_for_digest__isnull=False, status=Status.PENDING).aggregate(
+        due=Min("held_for_digest")
+    )["due"]
+    return due
+
+
+def digests_flush(*, now: datetime | None = None) -> list[Any]:
+    """Make the digests that are due at ``now``: per site, list, channel and window, one digest
+    notification of its held rows, which turn Suppressed (``digest:<digest id>``) in the same
+    transaction. Returns the ids of the digests made."""
+    now = now or database_now()
+    groups = (
+        Notification.objects.filter(held_for_digest__isnull=False, held_for_digest__lte=now, status=Status.PENDING)
+        .values_list("source_site_id", "list_name", "type", "held_for_digest")
+        .distinct()
+        .order_by()
+    )
+    made = []
+    for site_id, list_name, channel, due in list(groups):
+        assert due is not None  # filtered above
+        digest_id = _digest_make(site_id=site_id, list_name=list_name, channel=channel, due=due)
+        if digest_id is not None:
+            made.append(digest_id)
+    return made
+
+
+def _digest_make(*, site_id: str, list_name: str, channel: str, due: datetime) -> Any:
+    with transaction.atomic():
+        suppression_lock(site_id=site_id, list_name=list_name)
+        held = list(
+            Notification.objects.select_for_update()
+            .filter(
+                source_site_id=site_id, list_name=list_name, type=channel, held_for_digest=due, status=Status.PENDING
+            )
+            .order_by("created_at")
+            .only("notification_id", "priority", "subject", "source_instance_id", "created_at")
+        )
+        if not held:
+            return None
+        now = database_now()
+        digest = _digest_row(site_id=site_id, list_name=list_name, channel=channel, held=held, now=now)
+        # A digest is a notification like any other: it asks for acknowledgement and escalates
+        # as its list says for its priority, counted from its creation.
+        list_settings = _lists_settings(names={list_name}).get(list_name)
+        digest.asks_ack = asks_ack(
+            priority=digest.priority, ack_required_from=list_settings.ack_required_from if list_settings else None
+        )
+        digest.save(force_insert=True)
+        after = escalation_first_after(priority=digest.priority, list_settings=list_settings)
+        if after:
+            notifications_escalation_start(created={digest.pk: (now, after)})
+        Notification.objects.filter(pk__in=[row.pk for row in held], status=Status.PENDING).update(
+            status=Status.SUPPRESSED,
+            suppressed_by=f"digest:{digest.pk}",
+            held_for_digest=None,
+            next_attempt_at=None,
+        )
+        transaction.on_commit(dispatch_request)
+    return digest.pk
+
+
+def _digest_row(*, site_id: str, list_name: str, channel: str, held: list[Notification], now: datetime) -> Notification:
+    """The digest of ``held``: the highest held priority; a readable body."""
+    subject = f"[Digest] {len(held)} notifications from {site_id} to {list_name}"
+    body = digest_body(held)
+    priority = max(row.priority for row in held)
+    fingerprint = hashlib.sha256("\x00".join(("digest", site_id, list_name, channel, body)).encode()).hexdigest()
+    return Notification(
+        notification_id=uuid.uuid4(),
+        type=channel,
+        list_name=list_name,
+        subject=subject[:255],
+        body=body[: Notification.BODY_MAX_LENGTH],
+        priority=priority,
+        source_site_id=site_id,
+        source_instance_id="",
+        source_script="flood digest",
+        site_enqueued_at=now,
+        created_at=now,
+        next_attempt_at=now,
+        fingerprint=fingerprint,
+    )
+
+
+def digest_body(held: Sequence[Notification]) -> str:
+    """Counts by source, the first and last time, and the first line of each (the first
+    DIGEST_LINES of them)."""
+    by_source: dict[str, int] = {}
+    for row in held:
+        name = row.source_instance_id or "(no source)"
+        by_source[name] = by_source.get(name, 0) + 1
+    first, last = held[0].created_at, held[-1].created_at
+    lines = [
+        f"{len(held)} notifications were held during a flood, from {first:%Y-%m-%d %H:%M:%S} "
+        f"to {last:%Y-%m-%d %H:%M:%S} UTC.",
+        "",
+        "By source:",
+        *(f"  {count:>5}  {name}" for name, count in sorted(by_source.items(), key=lambda item: (-item[1], item[0]))),
+        "",
+        "The notifications:",
+    ]
+    for row in held[:DIGEST_LINES]:
+        priority = Priority(row.priority).label
+        lines.append(f"  {row.created_at:%H:%M:%S}  [{priority}] {row.source_instance_id}: {row.subject}")
+    if len(held) > DIGEST_LINES:
+        lines.append(f"  … and {len(held) - DIGEST_LINES} more (in the console, filtered by this digest).")
+    return "\n".join(lines)
+
+
+# --- figures ----------------------------------------------------------------------------------
+
+
+# --- silences -------------------------------------------------------------------------------------
+
+SILENCE_MATCHERS = ("site", "list_name", "source_instance_id", "subject_contains")
+
+
+def silence_problems(
+    *, matchers: dict[str, str], starts_at: datetime, ends_at: datetime, reason: str, now: datetime
+) -> dict[str, list[str]]:
+    """What is wrong with a silence, per field (empty: nothing): at least one matcher, a reason,
+    an end after its start and after now, at most OUTBOX_SILENCE_MAX_DAYS long."""
+    problems: dict[str, list[str]] = {}
+    if not any(matchers.get(name) for name in SILENCE_MATCHERS):
+        problems["non_field_errors"] = [
+            "Say what to silence: a site, a list, a source or subject text (a silence of everything is refused)."
+        ]
+    if not reason.strip():
+        problems["reason"] = ["A reason is required."]
+    longest = timedelta(days=django_settings.OUTBOX_SILENCE_MAX_DAYS)
+    if ends_at <= starts_at:
+        problems["ends_at"] = ["Must be after the start."]
+    elif ends_at <= now:
+        problems["ends_at"] = ["Must be in the future."]
+    elif ends_at - starts_at > longest:
+        problems["ends_at"] = [f"A silence lasts at most {longest.days} days (OUTBOX_SILENCE_MAX_DAYS)."]
+    return problems
+
+
+def silence_end(*, silence: Silence, now: datetime | None = None) -> bool:
+    """End ``silence`` now: one that has started keeps its record (rows name it) and ends now;
+    one that has not started is deleted. False when it had already ended."""
+    now = now or database_now()
+    if silence.ends_at <= now:
+        return False
+    if silence.starts_at >= now:
+        silence.delete()
+    else:
+        silence.ends_at = now
+        silence.save(update_fields=["ends_at"])
+    return True
+
+
+def silence_suppressed(silence_id: Any) -> Any:
+    """The rows ``silence_id`` suppressed that are still Suppressed (for Deliver anyway)."""
+    return Notification.objects.filter(status=Status.SUPPRESSED, suppressed_by=f"silence:{silence_id}")
+
+
+# --- the flood report ---------------------------------------------------------------------------
+
+ISA_FLOOD_BENCHMARK = 10  # ISA-18.2: more than 10 alarms per operator in 10 minutes is a flood
+FLOOD_BUCKET_SECONDS = 600
+TOP_SOURCES = 10
+
+
+def _ten_minute_bucket_sql() -> str:
+    """The start of a row's 10-minute interval, in seconds since the epoch, as SQL."""
+    if connection.vendor == "postgresql":
+        return "floor(extract(epoch from created_at) / 600) * 600"
+    return "(CAST(strftime('%%s', created_at) AS INTEGER) / 600) * 600"
+
+
+def flood_report(*, now: datetime | None = None) -> dict[str, Any]:
+    """Alarms (every notification ingested, suppressed ones included: each was raised) per list
+    per 10 minutes over the last 24 h against the ISA-18.2 benchmark, and the top sources by
+    count over 24 h and 7 days (docs/suppression.md#the-flood-report)."""
+    now = now or database_now()
+    day_ago = now - timedelta(hours=24)
+    buckets = (
+        Notification.objects.filter(created_at__gte=day_ago)
+        .annotate(bucket=RawSQL(_ten_minute_bucket_sql(), []))
+        .values("list_name", "bucket")
+        .annotate(n=Count("created_at"))
+        .order_by()
+    )
+    lists: dict[str, dict[str, Any]] = {}
+    current = int(now.timestamp()) // FLOOD_BUCKET_SECONDS * FLOOD_BUCKET_SECONDS
+    for row in buckets:
+        entry = lists.setdefault(
+            row["list_name"], {"list_name": row["list_name"], "max_per_10_min": 0, "floods": 0, "last_10_min": 0}
+        )
+        entry["max_per_10_min"] = max(entry["max_per_10_min"], row["n"])
+        entry["floods"] += int(row["n"] > ISA_FLOOD_BENCHMARK)
+        if int(row["bucket"]) == current:
+            entry["last_10_min"] = row["n"]
+    return {
+        "benchmark_per_10_min": ISA_FLOOD_BENCHMARK,
+        "lists_24h": sorted(lists.values(), key=lambda entry: (-entry["max_per_10_min"], entry["list_name"])),
+        "top_sources_24h": _top_sources(since=day_ago),
+        "top_sources_7d": _top_sources(since=now - timedelta(days=7)),
+    }
+
+
+def _top_sources(*, since: datetime) -> list[dict[str, Any]]:
+    rows = (
+        Notification.objects.filter(created_at__gte=since)
+        .values("source_site_id", "source_instance_id")
+        .annotate(count=Count("created_at"), suppressed=Count("created_at", filter=Q(status=Status.SUPPRESSED)))
+        .order_by("-count", "source_site_id", "source_instance_id")[:TOP_SOURCES]
+    )
+    return [
+        {
+            "site": row["source_site_id"],
+            "source_instance_id": row["source_instance_id"],
+            "count": row["count"],
+            "suppressed": row["suppressed"],
+        }
+        for row in rows
+    ]

@@ -1,0 +1,276 @@
+"""The night view's server side: the status line's rules, an open channel's breakdown by site
+and list, the waiting rows' words, counts beside the filters, and incident notes (kept, with who
+and when, never an acknowledgement)."""
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from notifications import status_line
+from notifications.health import channel_endpoints
+from notifications.kpis import kpis_compute
+from notifications.models import (
+    ChannelHealth,
+    IncidentNote,
+    MaintenanceWindow,
+    Notification,
+    Silence,
+    WorkerProcess,
+)
+from tests.admin.conftest import make_notification, make_user
+
+Status = Notification.Status
+OUTBOX = reverse("admin:notifications_notification_changelist")
+CHANNEL = reverse("admin:notifications_notification_channel")
+NOTES = reverse("admin:notifications_notification_notes")
+PARKED = reverse("admin:notifications_notification_parked")
+
+
+@pytest.fixture
+def worker(db):
+    now = timezone.now()
+    return WorkerProcess.objects.create(host="w", pid=1, cluster="c", started_at=now, last_seen_at=now)
+
+
+def open_channel(name="webhook", minutes=14):
+    return ChannelHealth.objects.create(
+        channel=name,
+        endpoint=channel_endpoints()[name] or "",
+        state=ChannelHealth.State.OPEN,
+        opened_at=timezone.now() - timedelta(minutes=minutes),
+        last_failure_class="connection",
+    )
+
+
+def compute():
+    return status_line.status_line_compute(kpis=kpis_compute())
+
+
+def test_all_quiet_is_ok(worker):
+    make_notification(status=Status.DELIVERED)
+    line = compute()
+    assert (line.state, line.word, line.findings) == ("ok", "OK", [])
+
+
+def test_a_stopped_worker_is_down_and_says_to_start_one(db):
+    seen = timezone.now() - timedelta(hours=1)
+    WorkerProcess.objects.create(host="w", pid=1, cluster="c", started_at=seen, last_seen_at=seen)
+    line = compute()
+    assert line.state == "down" and line.since == seen and "qcluster" in line.next_step
+
+
+def test_an_open_channel_while_others_deliver_is_degraded_and_names_the_channel(worker):
+    health = open_channel()
+    make_notification(type="webhook", status=Status.RETRYING)
+    make_notification(status=Status.DELIVERED)
+    line = compute()
+    assert line.state == "degraded" and line.since == health.opened_at
+    assert [finding.key for finding in line.findings] == ["channel:webhook"]
+    assert line.findings[0].what == "webhook channel open, 1 waiting"
+    assert line.link == f"{CHANNEL}?channel=webhook"
+
+
+def test_unacknowledged_critical_silent_sites_and_failing_watchdogs_are_findings(worker):
+    from sites.models import Site, SiteHeartbeat, Watchdog
+
+    make_notification(priority=Notification.Priority.CRITICAL, asks_ack=True)
+    make_notification(priority=Notification.Priority.CRITICAL, asks_ack=True, acknowledged_at=timezone.now())
+    site = Site.objects.create(site_id="plant-s", name="S")
+    SiteHeartbeat.objects.create(site=site, received_at=timezone.now() - timedelta(hours=2))
+    Site.objects.create(site_id="plant-direct", name="D", last_seen_at=timezone.now() - timedelta(hours=2))
+    Watchdog.objects.create(
+        site=site,
+        name="pump-loop",
+        every_seconds=60,
+        list_name="Operators",
+        state=Watchdog.State.SILENT,
+        last_ping_at=timezone.now() - timedelta(hours=1),
+    )
+    findings = {finding.key: finding.what for finding in compute().findings}
+    assert findings["unacknowledged"] == "1 critical unacknowledged"
+    # Only the site that heart-beated before is silent; the one that posts directly is not.
+    assert findings["sites"] == "1 site silent (plant-s)"
+    assert findings["watchdogs"] == "1 watchdog failing"
+
+
+def test_the_status_line_is_a_list_of_checks_one_more_is_one_function(worker, monkeypatch):
+    def check_silences(inputs):
+        return [status_line.Finding(level="degraded", what="1 silence active", next_step="x", key="silences")]
+
+    monkeypatch.setattr(status_line, "STATUS_CHECKS", [*status_line.STATUS_CHECKS, check_silences])
+    assert [finding.key for finding in compute().findings] == ["silences"]
+
+
+def test_an_open_channel_while_nothing_is_delivered_is_down(worker):
+    open_channel()
+    make_notification(type="webhook", status=Status.PENDING)
+    assert compute().state == "down"
+
+
+def test_counts_are_capped(db):
+    assert status_line.capped(10_000) == "10,000" and status_line.capped(10_001) == "10,000+"
+
+
+def test_silences_and_maintenance_windows_in_force_are_shown_beside_the_line_and_ended_ones_are_not(client, worker):
+    now = timezone.now()
+    Silence.objects.create(site="plant-b", ends_at=now + timedelta(hours=2), reason="pump overhaul", created_by="alice")
+    Silence.objects.create(
+        site="plant-c", starts_at=now - timedelta(hours=3), ends_at=now - timedelta(hours=1), reason="done"
+    )
+    start = (now - timedelta(hours=1)).time().replace(microsecond=0)
+    end = (now + timedelta(hours=1)).time().replace(microsecond=0)
+    MaintenanceWindow.objects.create(site="plant-d", days=list(range(7)), starts=start, ends=end, reason="weekly test")
+
+    line = compute()
+    assert line.state == "ok"
+    assert [(item.who, item.why) for item in line.quiet] == [("alice", "pump overhaul"), ("", "weekly test")]
+    assert "plant-b" in line.quiet[0].what and "plant-d" in line.quiet[1].what
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    content = client.get(OUTBOX).content.decode()
+    assert 'id="outbox-status-quiet"' in content and "pump overhaul" in content and "plant-c" not in content
+
+
+def test_the_status_line_is_on_the_dashboard_and_the_outbox_page(client, worker):
+    open_channel()
+    make_notification(type="webhook", status=Status.PENDING)
+    make_notification(status=Status.DELIVERED)  # email flows: degraded, not down
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    for url in (reverse("admin:index"), OUTBOX):
+        content = client.get(url).content.decode()
+        assert 'id="outbox-status-line"' in content and 'data-state="degraded"' in content, url
+
+
+def test_the_channel_breakdown_counts_waiting_rows_by_site_and_list(client, worker):
+    open_channel()
+    for site, list_name in [("plant-a", "Line-3")] * 3 + [("plant-b", "Line-3"), ("plant-b", "Boilers")]:
+        make_notification(type="webhook", status=Status.RETRYING, source_site_id=site, list_name=list_name)
+    make_notification(type="webhook", status=Status.DELIVERED, source_site_id="plant-c")
+    make_notification(type="email", status=Status.PENDING, source_site_id="plant-d")
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    response = client.get(CHANNEL, {"channel": "webhook"})
+    breakdown = response.context["breakdown"]
+    assert breakdown.sites == [("plant-a", 3), ("plant-b", 2)]
+    assert breakdown.lists == [("Line-3", 4), ("Boilers", 1)]
+    assert client.get(CHANNEL, {"channel": "pigeon"}).status_code == 400
+
+
+def test_rows_waiting_on_an_open_channel_say_so(client, worker):
+    open_channel()
+    make_notification(type="webhook", status=Status.RETRYING, last_error="old news")
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    content = client.get(OUTBOX).content.decode()
+    assert "waiting for webhook (open since " in content and ", 1 waiting)" in content
+    assert "old news" not in content
+
+
+def test_the_error_column_shows_the_specific_part(client, worker):
+    make_notification(
+        status=Status.PARKED,
+        last_error="Permanent failure (recipient_rejected): 550 5.1.1 <p.dubois@example.com>: user unknown",
+    )
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    content = client.get(OUTBOX).content.decode()
+    assert "recipient_rejected: 550 5.1.1 &lt;p.dubois@example.com&gt;" in content
+
+
+def test_notes_on_an_open_channel_and_a_parked_group_are_kept_with_who_and_when(client, worker):
+    open_channel()
+    waiting = make_notification(type="webhook", status=Status.RETRYING, asks_ack=True)
+    parked = make_notification(status=Status.PARKED, asks_ack=True)
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    back = f"{CHANNEL}?channel=webhook"
+    client.post(NOTES, {"subject": "channel:webhook", "text": "relay team called, ETA 04:00", "next": back})
+    client.post(NOTES, {"subject": "channel:webhook", "text": "ETA moved to 05:00", "next": back})
+    page = client.get(back).content.decode()
+    assert "olivia, " in page and "relay team called, ETA 04:00" in page and "ETA moved to 05:00" in page
+    from notifications.console import cause_key
+
+    subject = f"parked:{cause_key(parked.last_error)}"
+    response = client.post(NOTES, {"subject": subject, "text": "mailbox full, asked IT", "next": PARKED})
+    assert response.status_code == 302
+    assert "mailbox full, asked IT" in client.get(PARKED).content.decode()
+    assert IncidentNote.objects.count() == 3
+    # A note is not an acknowledgement.
+    for row in (waiting, parked):
+        row.refresh_from_db()
+        assert row.acknowledged_at is None and row.acknowledged_by == ""
+    bad = client.post(NOTES, {"subject": "anything goes", "text": "x", "next": PARKED})
+    assert bad.status_code == 302 and IncidentNote.objects.count() == 3
+
+
+def test_counts_beside_the_filters_follow_the_filters_and_the_search(client, worker):
+    for site in ("plant-a", "plant-a", "plant-b"):
+        make_notification(status=Status.PARKED, source_site_id=site, list_name="Line-3", subject="Pump tripped")
+    make_notification(status=Status.DELIVERED, source_site_id="plant-c", list_name="Boilers", subject="Pump ok")
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    matches = client.get(OUTBOX, {"status": "Parked"}).context["matches"]
+    assert (matches.total, matches.sites, matches.lists) == (3, [("plant-a", 2), ("plant-b", 1)], [("Line-3", 3)])
+    response = client.get(OUTBOX, {"q": "ok"})
+    assert response.context["matches"].lists == [("Boilers", 1)]
+    assert "Matches: 1</h2>" in response.content.decode()
+
+
+def test_matches_are_capped(db, monkeypatch):
+    from notifications import console
+
+    monkeypatch.setattr(console, "MATCHES_READ_MAX", 2)
+    for _ in range(3):
+        make_notification()
+    matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"))
+    assert (matches.total, matches.capped, matches.sites) == (2, True, [("plant-a", 2)])
+
+
+def test_the_trends_follow_the_chosen_time_zone(client, worker):
+    make_notification(status=Status.DELIVERED)
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    assert "(per hour, UTC)" in client.get(reverse("admin:index")).content.decode()
+    client.cookies["outbox_tz"] = "Asia/Tokyo"
+    page = client.get(reverse("admin:index")).content.decode()
+    assert "(per hour, Asia/Tokyo)" in page and " JST: " in page
+
+
+def test_parked_groups_tell_partial_deliveries_apart_from_outages(client, worker):
+    cause = "Retries exhausted (5 failed attempts): 452 4.2.2 mailbox full"
+    partial_targets = [
+        {"target": "a@example.com", "outcome": "delivered"},
+        {"target": "b@example.com", "outcome": "deferred", "smtp_code": 452},
+    ]
+    make_notification(status=Status.PARKED, last_error=cause, resolved_targets=partial_targets)
+    make_notification(status=Status.PARKED, last_error=cause, resolved_targets=partial_targets)
+    make_notification(status=Status.PARKED, last_error=cause)
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    response = client.get(PARKED)
+    group = next(row["group"] for row in response.context["rows"] if row["group"].cause == cause)
+    assert (group.count, group.partially_delivered) == (3, 2)
+    assert "2 of these reached some of their recipients already" in response.content.decode()
+
+
+def test_search_by_recipient_finds_everything_sent_to_an_address(client, worker):
+    to_pierre = make_notification(
+        status=Status.DELIVERED,
+        resolved_targets=[{"target": "p.dubois@example.com", "outcome": "delivered"}],
+    )
+    make_notification(
+        status=Status.DELIVERED, resolved_targets=[{"target": "a.ito@example.com", "outcome": "delivered"}]
+    )
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    shown = {row.pk for row in client.get(OUTBOX, {"q": "to:P.Dubois@example.com"}).context["cl"].result_list}
+    assert shown == {to_pierre.pk}
+
+
+@pytest.mark.django_db
+def test_search_by_recipient_uses_the_targets_index(postgres_only):
+    from django.db import connection
+
+    from notifications.admin.filters import recipient_q
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        query = Notification.objects.filter(recipient_q("p.dubois@example.com")).order_by()
+        sql, params = query.query.sql_with_params()
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET enable_seqscan = on")
+    assert "notif_targets_gin_idx" in plan, plan
