@@ -354,7 +354,7 @@ def run(
 
 # --- the claim's cost per row ------------------------------------------------------------------
 
-# The claim before priorities and fairness (notifications/dispatch/claim.py before issue 32): the
+# The claim before priorities and fairness (notifications/dispatch/claim.py as it was then): the
 # rows without a due time, then those due, off notif_due_idx in its order, leased in one
 # statement. Kept here as the reference its successor is measured against.
 OLD_DUE_INDEX = (
