@@ -24,8 +24,7 @@ from tests.support.pgbouncer import PgBouncer  # noqa: E402
 # in one statement), dispatchers and operators racing, the shared breaker and rate bucket, the
 # counts kept by triggers, the trigger's request row and real workers on the database broker,
 # the idempotent insert and a database that goes away, escalation steps taken once under
-# concurrent and restarted workers, the rate budgets drawn in chunks, the
-# per-session settings PgBouncer must not keep. The rest of the suite (SMTP and HTTP behaviour,
+# concurrent and restarted workers, the per-session settings PgBouncer must not keep. The rest of the suite (SMTP and HTTP behaviour,
 # the console, the agent) talks to the database the same way through either; `make test` runs it.
 SUITES = [
     "tests/dispatch/test_pgbouncer_settings.py",
