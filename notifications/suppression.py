@@ -20,6 +20,9 @@ flood; a duplicate is not counted in a flood. Decisions that depend on earlier r
 floods) are taken under a transaction-level lock of the site and list (PostgreSQL: an advisory
 lock; SQLite: its IMMEDIATE transactions serialise writers), in the transaction that inserts
 the rows, so two concurrent ingests of one key neither lose a count nor both become anchors.
+Every ingest that decides duplicates also writes its key's :class:`DedupAnchor` row, and on
+PostgreSQL the commonest case — one notification with a key, to a list without a flood
+threshold — is decided by that write alone, in one statement (:func:`row_duplicate_insert`).
 """
 
 import hashlib
@@ -38,6 +41,7 @@ from django.db.models import Count, F, Min, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from notifications import db
 from notifications.acknowledgement import ListSettings, asks_ack
 from notifications.db import database_now
 from notifications.escalation import escalation_first_after, notifications_escalation_start
@@ -247,13 +251,21 @@ def suppression_lock(*, site_id: str, list_name: str) -> datetime:
     round trip: ingest pays for every one)."""
     if connection.vendor != "postgresql":
         return database_now()
-    key = zlib.crc32(f"outbox-suppression\x00{site_id}\x00{list_name.casefold()}".encode())
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT statement_timestamp() FROM (SELECT pg_advisory_xact_lock(%s, %s)) AS locked",
-            [0x0B0C, key - (1 << 31)],
+            [LOCK_CLASS, _lock_key(site_id=site_id, list_name=list_name)],
         )
         return cursor.fetchone()[0]
+
+
+# The advisory lock of one site's list: (LOCK_CLASS, _lock_key). outbox_duplicate_decide
+# (migration 0036) takes the same one.
+LOCK_CLASS = 0x0B0C
+
+
+def _lock_key(*, site_id: str, list_name: str) -> int:
+    return zlib.crc32(f"outbox-suppression\x00{site_id}\x00{list_name.casefold()}".encode()) - (1 << 31)
 
 
 @dataclass
@@ -371,6 +383,75 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
     """The decision maker for one site's list; call under :func:`suppression_lock`."""
     rules = _rules_now(now).lists[list_name.casefold()]
     return _ListDecisions(site_id=site_id, rules=rules, now=now)
+
+
+# --- one notification with a key, in one statement (PostgreSQL) ---------------------------------
+
+# The ingest of one notification with a dedup_key (the commonest keyed request): the same
+# decision as _ListDecisions under the same lock, in one statement instead of a transaction of
+# five (the lock, the anchor's lookup, the insert, the count, COMMIT). It is
+# insert_ignoring_conflicts' own INSERT, joined with outbox_duplicate_decide (migration 0036),
+# which takes the lock and then looks the anchor up afresh (the rule is there, in SQL); the row
+# stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted.
+_DUPLICATE_DECIDED = (
+    "CROSS JOIN outbox_duplicate_decide(%s, %s, %s, CAST(%s AS uuid), %s, %s, %s) AS d "
+    "CROSS JOIN (SELECT CAST(%s AS integer) AS escalate_after) AS e WHERE NOT d.replay"
+)
+# The new row's columns the decision sets: a duplicate is Suppressed, never due, never escalates.
+_DUPLICATE_COLUMNS = (
+    ("status", f"CASE WHEN d.anchor_id IS NULL THEN r.status ELSE '{Status.SUPPRESSED}' END"),
+    ("suppressed_by", "CASE WHEN d.anchor_id IS NULL THEN r.suppressed_by ELSE 'duplicate:' || d.anchor_id END"),
+    ("next_attempt_at", "CASE WHEN d.anchor_id IS NULL THEN COALESCE(r.next_attempt_at, statement_timestamp()) END"),
+    (
+        "escalation_due_at",
+        "CASE WHEN d.anchor_id IS NULL THEN statement_timestamp() + make_interval(secs => e.escalate_after) END",
+    ),
+    ("escalation_step", "CASE WHEN d.anchor_id IS NULL AND e.escalate_after IS NOT NULL THEN 0 END"),
+)
+
+
+def row_duplicate_insert(
+    *, site_id: str, row: dict[str, Any], escalate_after: int | None
+) -> dict[Any, datetime] | None:
+    """Insert one new ``row`` with a ``dedup_key`` to a list with a dedup window and no flood
+    threshold, deciding in the same statement, under the list's lock, whether it is a duplicate
+    (then it is stored Suppressed, and ``row`` says so) and counting it on its anchor:
+    ``{id: ingest time}`` when it was inserted, ``{}`` for a replay. ``escalate_after``: seconds
+    to its first escalation step if it is sent. None when it is not for this (not PostgreSQL,
+    no key, a flood threshold): the caller decides it in a transaction (:func:`list_decisions`)."""
+    if connection.vendor != "postgresql" or row["status"] == Status.SUPPRESSED or not row.get("dedup_key"):
+        return None
+    rules = _rules_now(timezone.now()).lists.get(row["list_name"].casefold())
+    if rules is None or not rules.dedup_window_seconds or rules.flood_threshold:
+        return None
+    sql, params = db.insert_ignoring_conflicts_sql(
+        Notification,
+        tuple(row),
+        stamped=("created_at",),
+        stamped_if_null=("site_enqueued_at",),
+        computed=_DUPLICATE_COLUMNS,
+        joined=_DUPLICATE_DECIDED,
+        returning=("outbox_duplicate_count(suppressed_by)",),
+    )
+    decided = [
+        site_id,
+        row["list_name"],
+        row["dedup_key"],
+        row["notification_id"],
+        row["priority"],
+        rules.dedup_window_seconds,
+        _lock_key(site_id=site_id, list_name=row["list_name"]),
+        escalate_after,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, db.rows_document([row]), *decided])
+        stored = cursor.fetchone()
+    if stored is None:
+        return {}  # a replay: nothing stored, nothing counted
+    inserted_id, stamp, anchor_id = stored
+    if anchor_id is not None:
+        _suppress(row, f"duplicate:{anchor_id}")
+    return {inserted_id: stamp}
 
 
 # --- flood digests ------------------------------------------------------------------------------
