@@ -390,12 +390,13 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
 # The ingest of one notification with a dedup_key (the commonest keyed request): the same
 # decision as _ListDecisions under the same lock, in one statement instead of a transaction of
 # five (the lock, the anchor's lookup, the insert, the count, COMMIT). It is
-# insert_ignoring_conflicts' own INSERT, joined with outbox_duplicate_decide (migration 0036),
+# insert_ignoring_conflicts' own INSERT, joined with outbox_duplicate_anchor (migration 0036),
 # which takes the lock and then looks the anchor up afresh (the rule is there, in SQL); the row
-# stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted.
+# stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted (a
+# replay stores nothing).
 _DUPLICATE_DECIDED = (
-    "CROSS JOIN outbox_duplicate_decide(%s, %s, %s, CAST(%s AS uuid), %s, %s, %s) AS d "
-    "CROSS JOIN (SELECT CAST(%s AS integer) AS escalate_after) AS e WHERE NOT d.replay"
+    "CROSS JOIN outbox_duplicate_anchor(%s, %s, %s, %s, %s, %s) AS d(anchor_id) "
+    "CROSS JOIN (SELECT CAST(%s AS integer) AS escalate_after) AS e"
 )
 # The new row's columns the decision sets: a duplicate is Suppressed, never due, never escalates.
 _DUPLICATE_COLUMNS = (
@@ -431,13 +432,12 @@ def row_duplicate_insert(
         stamped_if_null=("site_enqueued_at",),
         computed=_DUPLICATE_COLUMNS,
         joined=_DUPLICATE_DECIDED,
-        returning=("outbox_duplicate_count(suppressed_by)",),
+        returning=(f"CASE WHEN status = '{Status.SUPPRESSED}' THEN outbox_duplicate_count(suppressed_by) END",),
     )
     decided = [
         site_id,
         row["list_name"],
         row["dedup_key"],
-        row["notification_id"],
         row["priority"],
         rules.dedup_window_seconds,
         _lock_key(site_id=site_id, list_name=row["list_name"]),

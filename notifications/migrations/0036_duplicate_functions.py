@@ -1,14 +1,14 @@
 """Duplicates decided in one statement at ingest (notifications.suppression.row_duplicate_insert),
 PostgreSQL only: two PL/pgSQL functions the ingest statement calls.
 
-``outbox_duplicate_decide`` takes the site and list's suppression lock (the advisory lock of
+``outbox_duplicate_anchor`` takes the site and list's suppression lock (the advisory lock of
 ``suppression_lock``, held until the transaction ends) and then, reading the database afresh
 (each statement of a VOLATILE function has its own snapshot, taken after the lock is held),
-says whether the new notification is a replay, or a duplicate and of which anchor — the rule
-of ``_ListDecisions._duplicate``. ``outbox_duplicate_count``, called for each row the insert stored
-(RETURNING), counts a duplicate on the anchor its ``suppressed_by`` names, likewise reading it
-afresh. A PL/pgSQL function keeps its statements' plans for the session, so
-the ingest statement that calls them is planned like a plain insert.
+returns the anchor a new notification of the key would be the duplicate of, or NULL: the rule
+of ``_ListDecisions._duplicate``. ``outbox_duplicate_count``, called for each row the insert
+stored (RETURNING), counts a duplicate on the anchor its ``suppressed_by`` names, likewise
+reading it afresh. A PL/pgSQL function keeps its statements' plans for the session, so the
+ingest statement that calls them is planned like a plain insert.
 
 Creating functions takes no lock on the notifications table and reads none of it: safe at any
 size. A later change of the rule replaces them in a migration of its own.
@@ -16,20 +16,15 @@ size. A later change of the rule replaces them in a migration of its own.
 
 from django.db import migrations
 
-DECIDE = """
-CREATE OR REPLACE FUNCTION outbox_duplicate_decide(
-    p_site text, p_list text, p_key text, p_id uuid, p_priority integer, p_window double precision, p_lock integer,
-    OUT replay boolean, OUT anchor_id uuid
-)
+ANCHOR = """
+CREATE OR REPLACE FUNCTION outbox_duplicate_anchor(
+    p_site text, p_list text, p_key text, p_priority integer, p_window double precision, p_lock integer
+) RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     last record;
 BEGIN
     PERFORM pg_advisory_xact_lock(2828, p_lock);
-    replay := EXISTS (SELECT 1 FROM notifications_notification AS n WHERE n.notification_id = p_id);
-    IF replay THEN
-        RETURN;
-    END IF;
     SELECT n.notification_id, n.created_at, n.priority, n.acknowledged_at, n.cleared_at INTO last
     FROM notifications_notification AS n
     -- dedup_key <> '' restates the dedup index's condition: the plan kept for the session
@@ -41,8 +36,9 @@ BEGIN
     IF FOUND AND last.acknowledged_at IS NULL AND last.cleared_at IS NULL
        AND last.created_at > statement_timestamp() - make_interval(secs => p_window)
        AND p_priority <= last.priority THEN
-        anchor_id := last.notification_id;
+        RETURN last.notification_id;
     END IF;
+    RETURN NULL;
 END
 $$
 """
@@ -69,7 +65,7 @@ $$
 def create(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    schema_editor.execute(DECIDE)
+    schema_editor.execute(ANCHOR)
     schema_editor.execute(COUNT)
 
 
@@ -77,7 +73,7 @@ def drop(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     schema_editor.execute(
-        "DROP FUNCTION IF EXISTS outbox_duplicate_decide(text, text, text, uuid, integer, double precision, integer)"
+        "DROP FUNCTION IF EXISTS outbox_duplicate_anchor(text, text, text, integer, double precision, integer)"
     )
     schema_editor.execute("DROP FUNCTION IF EXISTS outbox_duplicate_count(text)")
 
