@@ -394,21 +394,26 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
 # which takes the lock and then looks the anchor up afresh (the rule is there, in SQL); the row
 # stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted (a
 # replay stores nothing).
-_DUPLICATE_DECIDED = (
-    "CROSS JOIN outbox_duplicate_anchor(%s, %s, %s, %s, %s, %s) AS d(anchor_id) "
-    "CROSS JOIN (SELECT CAST(%s AS integer) AS escalate_after) AS e"
-)
-# The new row's columns the decision sets: a duplicate is Suppressed, never due, never escalates.
+_DUPLICATE_DECIDED = "CROSS JOIN outbox_duplicate_anchor(%s, %s, %s, %s, %s, %s) AS d(anchor_id)"
+# The new row's columns the decision sets: a duplicate is Suppressed and never due.
 _DUPLICATE_COLUMNS = (
     ("status", f"CASE WHEN d.anchor_id IS NULL THEN r.status ELSE '{Status.SUPPRESSED}' END"),
     ("suppressed_by", "CASE WHEN d.anchor_id IS NULL THEN r.suppressed_by ELSE 'duplicate:' || d.anchor_id END"),
     ("next_attempt_at", "CASE WHEN d.anchor_id IS NULL THEN COALESCE(r.next_attempt_at, statement_timestamp()) END"),
+)
+# A row whose list escalates it (the seconds to its first step joined in): it starts its
+# escalation unless it is a duplicate (a shape of its own, so that the others plan less).
+_ESCALATING_DECIDED = f"{_DUPLICATE_DECIDED} CROSS JOIN (SELECT CAST(%s AS integer) AS after_seconds) AS e"
+_ESCALATING_COLUMNS = (
+    *_DUPLICATE_COLUMNS,
     (
         "escalation_due_at",
-        "CASE WHEN d.anchor_id IS NULL THEN statement_timestamp() + make_interval(secs => e.escalate_after) END",
+        "CASE WHEN d.anchor_id IS NULL THEN statement_timestamp() + make_interval(secs => e.after_seconds) END",
     ),
-    ("escalation_step", "CASE WHEN d.anchor_id IS NULL AND e.escalate_after IS NOT NULL THEN 0 END"),
+    ("escalation_step", "CASE WHEN d.anchor_id IS NULL THEN 0 END"),
 )
+# Only a suppressed row (a duplicate) counts on its anchor: the function reads it afresh too.
+_DUPLICATE_COUNTED = (f"CASE WHEN status = '{Status.SUPPRESSED}' THEN outbox_duplicate_count(suppressed_by) END",)
 
 
 def row_duplicate_insert(
@@ -425,14 +430,15 @@ def row_duplicate_insert(
     rules = _rules_now(timezone.now()).lists.get(row["list_name"].casefold())
     if rules is None or not rules.dedup_window_seconds or rules.flood_threshold:
         return None
+    escalating = escalate_after is not None
     sql, params = db.insert_ignoring_conflicts_sql(
         Notification,
         tuple(row),
         stamped=("created_at",),
         stamped_if_null=("site_enqueued_at",),
-        computed=_DUPLICATE_COLUMNS,
-        joined=_DUPLICATE_DECIDED,
-        returning=(f"CASE WHEN status = '{Status.SUPPRESSED}' THEN outbox_duplicate_count(suppressed_by) END",),
+        computed=_ESCALATING_COLUMNS if escalating else _DUPLICATE_COLUMNS,
+        joined=_ESCALATING_DECIDED if escalating else _DUPLICATE_DECIDED,
+        returning=_DUPLICATE_COUNTED,
     )
     decided = [
         site_id,
@@ -441,7 +447,7 @@ def row_duplicate_insert(
         row["priority"],
         rules.dedup_window_seconds,
         _lock_key(site_id=site_id, list_name=row["list_name"]),
-        escalate_after,
+        *([escalate_after] if escalating else []),
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, db.rows_document([row]), *decided])
