@@ -259,13 +259,20 @@ def suppression_lock(*, site_id: str, list_name: str) -> datetime:
         return cursor.fetchone()[0]
 
 
-# The advisory lock of one site's list: (LOCK_CLASS, _lock_key). outbox_duplicate_decide
-# (migration 0036) takes the same one.
+# The advisory lock of one site's list: (LOCK_CLASS, _lock_key). outbox_duplicate_anchor
+# (migration 0036) takes it shared, and the lock of the list's key (class 0x0B0D) alone: the
+# transaction that holds the list's lock excludes every one-statement decision of its keys,
+# which exclude each other only per key.
 LOCK_CLASS = 0x0B0C
 
 
-def _lock_key(*, site_id: str, list_name: str) -> int:
-    return zlib.crc32(f"outbox-suppression\x00{site_id}\x00{list_name.casefold()}".encode()) - (1 << 31)
+def _lock_key(*, site_id: str, list_name: str, dedup_key: str | None = None) -> int:
+    """The advisory lock's key of a site's list, or of one of its dedup keys (two keys that
+    hash alike share a lock: they only wait for each other)."""
+    name = f"outbox-suppression\x00{site_id}\x00{list_name.casefold()}"
+    if dedup_key is not None:
+        name += f"\x00{dedup_key}"
+    return zlib.crc32(name.encode()) - (1 << 31)
 
 
 @dataclass
@@ -394,7 +401,7 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
 # which takes the lock and then looks the anchor up afresh (the rule is there, in SQL); the row
 # stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted (a
 # replay stores nothing).
-_DUPLICATE_DECIDED = "CROSS JOIN outbox_duplicate_anchor(%s, %s, %s, %s, %s, %s) AS d(anchor_id)"
+_DUPLICATE_DECIDED = "CROSS JOIN outbox_duplicate_anchor(%s, %s, %s, %s, %s, %s, %s) AS d(anchor_id)"
 # The new row's columns the decision sets: a duplicate is Suppressed and never due.
 _DUPLICATE_COLUMNS = (
     ("status", f"CASE WHEN d.anchor_id IS NULL THEN r.status ELSE '{Status.SUPPRESSED}' END"),
@@ -447,6 +454,7 @@ def row_duplicate_insert(
         row["priority"],
         rules.dedup_window_seconds,
         _lock_key(site_id=site_id, list_name=row["list_name"]),
+        _lock_key(site_id=site_id, list_name=row["list_name"], dedup_key=row["dedup_key"]),
         *([escalate_after] if escalating else []),
     ]
     with connection.cursor() as cursor:

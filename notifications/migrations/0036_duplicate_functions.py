@@ -1,9 +1,10 @@
 """Duplicates decided in one statement at ingest (notifications.suppression.row_duplicate_insert),
 PostgreSQL only: two PL/pgSQL functions the ingest statement calls.
 
-``outbox_duplicate_anchor`` takes the site and list's suppression lock (the advisory lock of
-``suppression_lock``, held until the transaction ends) and then, reading the database afresh
-(each statement of a VOLATILE function has its own snapshot, taken after the lock is held),
+``outbox_duplicate_anchor`` takes the site and list's suppression lock shared (the advisory
+lock ``suppression_lock`` takes alone, held until the transaction ends) and the lock of the site,
+list and key alone, and then, reading the database afresh (each statement of a VOLATILE function
+has its own snapshot, taken after the locks are held),
 returns the anchor a new notification of the key would be the duplicate of, or NULL: the rule
 of ``_ListDecisions._duplicate``. ``outbox_duplicate_count``, called for each row the insert
 stored (RETURNING), counts a duplicate on the anchor its ``suppressed_by`` names, likewise
@@ -18,13 +19,17 @@ from django.db import migrations
 
 ANCHOR = """
 CREATE OR REPLACE FUNCTION outbox_duplicate_anchor(
-    p_site text, p_list text, p_key text, p_priority integer, p_window double precision, p_lock integer
+    p_site text, p_list text, p_key text, p_priority integer, p_window double precision,
+    p_list_lock integer, p_key_lock integer
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     last record;
 BEGIN
-    PERFORM pg_advisory_xact_lock(2828, p_lock);
+    -- The list's lock shared (a transaction deciding for the list holds it alone), the key's
+    -- alone: ingests of other keys of the list go on side by side.
+    PERFORM pg_advisory_xact_lock_shared(2828, p_list_lock);
+    PERFORM pg_advisory_xact_lock(2829, p_key_lock);
     SELECT n.notification_id, n.created_at, n.priority, n.acknowledged_at, n.cleared_at INTO last
     FROM notifications_notification AS n
     -- dedup_key <> '' restates the dedup index's condition: the plan kept for the session
@@ -73,7 +78,7 @@ def drop(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     schema_editor.execute(
-        "DROP FUNCTION IF EXISTS outbox_duplicate_anchor(text, text, text, integer, double precision, integer)"
+        "DROP FUNCTION IF EXISTS outbox_duplicate_anchor(text, text, text, integer, double precision, integer, integer)"
     )
     schema_editor.execute("DROP FUNCTION IF EXISTS outbox_duplicate_count(text)")
 
