@@ -20,9 +20,9 @@ flood; a duplicate is not counted in a flood. Decisions that depend on earlier r
 floods) are taken under a transaction-level lock of the site and list (PostgreSQL: an advisory
 lock; SQLite: its IMMEDIATE transactions serialise writers), in the transaction that inserts
 the rows, so two concurrent ingests of one key neither lose a count nor both become anchors.
-Every ingest that decides duplicates also writes its key's :class:`DedupAnchor` row, and on
-PostgreSQL the commonest case — one notification with a key, to a list without a flood
-threshold — is decided by that write alone, in one statement (:func:`row_duplicate_insert`).
+On PostgreSQL the commonest case — one notification with a key, to a list without a flood
+threshold — is decided in the statement that inserts it (:func:`row_duplicate_insert`), holding
+the list's lock shared and its key's alone.
 """
 
 import hashlib
@@ -394,13 +394,13 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
 
 # --- one notification with a key, in one statement (PostgreSQL) ---------------------------------
 
-# The ingest of one notification with a dedup_key (the commonest keyed request): the same
-# decision as _ListDecisions under the same lock, in one statement instead of a transaction of
-# five (the lock, the anchor's lookup, the insert, the count, COMMIT). It is
-# insert_ignoring_conflicts' own INSERT, joined with outbox_duplicate_anchor (migration 0036),
-# which takes the lock and then looks the anchor up afresh (the rule is there, in SQL); the row
-# stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted (a
-# replay stores nothing).
+# The ingest of one notification with a dedup_key (the commonest keyed request): the decision
+# of _ListDecisions._duplicate in one statement instead of a transaction of five round trips
+# (the lock, the anchor's lookup, the insert, the count, COMMIT). It is insert_ignoring_conflicts'
+# own INSERT, joined with outbox_duplicate_anchor (migration 0036), which takes the list's lock
+# shared and its key's alone, then looks the anchor up afresh (the rule is there, in SQL); the
+# row stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted
+# (a replay stores nothing).
 _DUPLICATE_DECIDED = "CROSS JOIN outbox_duplicate_anchor(%s, %s, %s, %s, %s, %s, %s) AS d(anchor_id)"
 # The new row's columns the decision sets: a duplicate is Suppressed and never due.
 _DUPLICATE_COLUMNS = (
@@ -427,7 +427,7 @@ def row_duplicate_insert(
     *, site_id: str, row: dict[str, Any], escalate_after: int | None
 ) -> dict[Any, datetime] | None:
     """Insert one new ``row`` with a ``dedup_key`` to a list with a dedup window and no flood
-    threshold, deciding in the same statement, under the list's lock, whether it is a duplicate
+    threshold, deciding in the same statement, under its key's lock, whether it is a duplicate
     (then it is stored Suppressed, and ``row`` says so) and counting it on its anchor:
     ``{id: ingest time}`` when it was inserted, ``{}`` for a replay. ``escalate_after``: seconds
     to its first escalation step if it is sent. None when it is not for this (not PostgreSQL,
