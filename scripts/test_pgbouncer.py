@@ -40,7 +40,20 @@ SUITES = [
     "tests/dispatch/test_worker.py",
     "tests/dispatch/test_escalation.py",
     "tests/dispatch/test_suppression.py::test_concurrent_ingests_of_one_key_lose_no_count_and_make_one_anchor",
-    "tests/api/test_ingest.py",
+    # Of ingest, what a transaction decides: the insert, replays and conflicts, batches, paging.
+    *(
+        f"tests/api/test_ingest.py::{name}"
+        for name in (
+            "test_new_notification_is_created_with_201_and_its_status_record",
+            "test_replay_with_same_content_returns_200_and_changes_nothing",
+            "test_same_id_with_different_content_is_an_idempotency_conflict",
+            "test_same_id_from_another_site_is_an_idempotency_conflict",
+            "test_batch_answers_one_result_per_item_in_order_and_commits_the_valid_ones",
+            "test_batch_with_the_same_id_twice_creates_one_row_and_replays_the_second",
+            "test_list_shows_only_own_notifications_filtered_and_cursor_paginated",
+            "test_authenticating_records_the_site_last_seen_time",
+        )
+    ),
     "tests/api/test_faults.py",
     "tests/sites/test_rate_limits.py",
 ]
