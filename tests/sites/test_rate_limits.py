@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from notifications.models import Notification
-from sites.models import Site, SiteRateBucket
 from sites import rate_limits
+from sites.models import Site, SiteRateBucket
 from sites.rate_limits import leases
 from tests.support.payloads import make_payload
 from tests.support.processes import settings_refusal
