@@ -101,7 +101,7 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
     """The dashboard's trend charts (notifications.trends) for the range in ``?trends=`` (24h
     by default), or None when the user may not view notifications."""
     from notifications.charts import bar_chart, sparkline
-    from notifications.trends import METRICS, trends_compute
+    from notifications.trends import LABELS, METRICS, trends_compute
 
     request = context.get("request")
     if request is None or not request.user.has_perm("notifications.view_notification"):
@@ -117,7 +117,11 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
 
     def sparks(series: Any) -> list[tuple[str, int, str]]:
         return [
-            (metric, series.total(metric), sparkline(values=series.counts[metric], metric=metric, range_label=label))
+            (
+                metric,
+                series.total(metric),
+                sparkline(values=series.counts[metric], metric=metric, range_label=label, label=LABELS[metric]),
+            )
             for metric in METRICS
         ]
 
@@ -129,11 +133,21 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
         "charts": [
             (
                 metric,
+                LABELS[metric],
                 trends.overall.total(metric),
-                bar_chart(values=trends.overall.counts[metric], hours=hours, metric=metric, range_label=label),
+                bar_chart(
+                    values=trends.overall.counts[metric],
+                    hours=hours,
+                    metric=metric,
+                    range_label=label,
+                    label=LABELS[metric],
+                ),
             )
             for metric in METRICS
         ],
+        # The failed attempts the failed chart leaves out: recipients refusing inside a partial delivery.
+        "failed_partial": trends.overall.total("failed_partial"),
+        "labels": [LABELS[metric] for metric in METRICS],
         "tile_sparks": {metric: spark for metric, _, spark in sparks(trends.overall)},
         "by_site": [(site, sparks(series)) for site, series in list(trends.by_site.items())[:20]],
         "more_sites": max(0, len(trends.by_site) - 20),
