@@ -171,7 +171,7 @@ def database_suffix(rows: int) -> str:
     return f"console_{rows // 1_000_000}m" if rows % 1_000_000 == 0 else f"console_{rows}"
 
 
-def seeded_database_url(rows: int) -> str:
+def seeded_database_url(rows: int = DEFAULT_ROWS) -> str:
     """The database this benchmark seeds for ``rows`` (``<BENCH_DATABASE_URL's name>_console``,
     ``…_console_10m``), which ``--reuse`` measures again."""
     from urllib.parse import urlparse, urlunparse

@@ -174,6 +174,37 @@ def outbox_status_line(context: template.Context, kpis: dict[str, Any] | None) -
 
 
 @register.simple_tag
+def outbox_filtered_tiles(changelist: Any) -> dict[str, Any] | None:
+    """For an outbox page with a filter or a search: the tiles' and the per-site table's
+    figures over the rows they match (notifications.admin.tiles), and the tiles' links, which
+    keep the filters; None on the unfiltered page (the tiles then show the KPIs)."""
+    from notifications.admin.tiles import filtered_tiles
+
+    if not (changelist.has_active_filters or changelist.query):
+        return None
+    tiles = filtered_tiles(changelist.queryset)
+    links = {
+        "queue_depth": {"status": "queued"},
+        "stuck": {"stuck": "1"},
+        "parked": {"status": "Parked"},
+        "unacknowledged": {"ack": "unacknowledged"},
+        "expired": {"status": "Parked"},
+        "delivered": {"status": "Delivered"},
+        "partial": {"targets": "partial"},
+        "oldest": {"status": "queued", "o": "8"},
+    }
+    return {
+        "figures": tiles.figures,
+        "capped": any(figure.capped for figure in tiles.figures.values()),
+        "uncounted": any(figure.value is None for figure in tiles.figures.values()),
+        "oldest_pending_age_seconds": tiles.oldest_pending_age_seconds,
+        "per_site": tiles.per_site,
+        # Back to the first page ("p": None removes exactly that parameter; remove= takes prefixes).
+        "links": {name: changelist.get_query_string({**params, "p": None}) for name, params in links.items()},
+    }
+
+
+@register.simple_tag
 def outbox_matches(changelist: Any) -> Any:
     """The outbox page's matches counted by site and by list (notifications.console), following
     its filters and search."""
