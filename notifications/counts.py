@@ -24,12 +24,12 @@ the changes of exactly the transactions its snapshot sees, and a fold replaces r
 sum in one statement.
 
 Failed delivery attempts are counted the same way in ``notifications_failedattemptcount``
-(model ``FailedAttemptCount``, migration 0014): by the hour they started and their
-notification's site and channel, its failure class (0017) and whether it failed while some
-targets had the notification (``partial``, 0036: a refusal inside a partial delivery, which the
-failed trend leaves out), kept by triggers on the attempts table, for the dashboard's failed
-trend and the KPIs' failures by class. An attempt is counted through its notification, so attempts are deleted before
-their notification (as the purge and Django's cascade do).
+(model ``FailedAttemptCount``, migration 0014): by the hour they started, their notification's
+site and channel, their failure class (0017) and whether they failed while some targets had
+the notification (``partial``, 0036: a refusal inside a partial delivery, which the failed
+trend leaves out), kept by triggers on the attempts table, for the dashboard's failed trend and
+the KPIs' failures by class. An attempt is counted through its notification, so attempts are
+deleted before their notification (as the purge and Django's cascade do).
 
 SQLite has no such triggers: there :func:`counts_kept` is False and the callers count the rows.
 """
