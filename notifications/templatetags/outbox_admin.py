@@ -210,4 +210,4 @@ def outbox_matches(changelist: Any) -> Any:
     its filters and search."""
     from notifications.console import matches_by_site_and_list
 
-    return matches_by_site_and_list(changelist.queryset)
+    return matches_by_site_and_list(changelist.queryset, shown=changelist.result_list)

@@ -231,11 +231,22 @@ def test_matches_are_capped_and_count_the_newest(db, monkeypatch):
     monkeypatch.setattr(console, "MATCHES_COUNT_MAX", 3)
     matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"))
     assert (matches.total, matches.capped, matches.sites) == (3, False, [("plant-a", 2), ("plant-b", 1)])
-    # A count the budget cancels falls back to the newest MATCHES_FALLBACK_MAX.
+    # A count the budget cancels falls back to the rows the page shows.
     monkeypatch.setattr(console.db, "run_within", lambda read, milliseconds: None)
-    monkeypatch.setattr(console, "MATCHES_FALLBACK_MAX", 1)
-    matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"))
-    assert (matches.total, matches.capped, matches.sites) == (1, True, [("plant-a", 1)])
+    shown = list(Notification.objects.order_by("created_at")[:2])  # the plant-b row and one of plant-a
+    matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"), shown=shown)
+    assert (matches.total, matches.page_only, matches.sites) == (2, True, [("plant-a", 1), ("plant-b", 1)])
+
+
+def test_matches_too_slow_to_count_are_those_of_the_page(client, worker, monkeypatch):
+    from notifications import console
+
+    for _ in range(3):
+        make_notification(status=Status.PARKED, source_site_id="plant-b")
+    monkeypatch.setattr(console.db, "run_within", lambda read, milliseconds: None)
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    content = client.get(OUTBOX, {"status": "Parked"}).content.decode()
+    assert "Matches on this page: 3</h2>" in content and "Counting all the matches would take too long" in content
 
 
 def tiles(content: str) -> dict[str, tuple[str, str]]:
