@@ -287,6 +287,7 @@ def test_the_tiles_follow_the_filters(client, spread, query, expected):
     client.force_login(make_user("olivia", groups=["Operators"]))
     everything = tiles(client.get(OUTBOX).content.decode())
     assert everything["queue-depth"][1] == "7" and everything["queue-depth"][0].endswith("?status=queued")
+    assert 'id="kpi-by-priority"' in client.get(OUTBOX).content.decode()
     content = client.get(OUTBOX, query).content.decode()
     shown = tiles(content)
     assert {name: shown[name][1] for name in expected} == expected
@@ -296,6 +297,8 @@ def test_the_tiles_follow_the_filters(client, spread, query, expected):
             assert f"{name}={value}" in shown["queue-depth"][0]
     assert "status=queued" in shown["queue-depth"][0] and "status=Parked" in shown["parked"][0]
     assert 'id="kpi-filtered-note"' in content and 'id="kpi-per-site-filtered"' in content
+    # The queue by priority counts every notification: not beside tiles that count the matches.
+    assert 'id="kpi-by-priority"' not in content
 
 
 def test_the_per_site_table_follows_the_filters(client, spread):
