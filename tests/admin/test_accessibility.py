@@ -63,6 +63,8 @@ def main_pages(data):
         ("dashboard", reverse("admin:index")),
         ("dashboard-7d", reverse("admin:index") + "?trends=7d"),
         ("outbox", reverse("admin:notifications_notification_changelist")),
+        # Filtered: the tiles and the per-site table count the matching rows.
+        ("outbox-filtered", reverse("admin:notifications_notification_changelist") + "?site=plant-a"),
         ("notification", reverse("admin:notifications_notification_change", args=[data["notification"].pk])),
         ("lists", reverse("admin:notifications_notificationlist_changelist")),
         ("list", reverse("admin:notifications_notificationlist_change", args=[data["list"].pk])),
