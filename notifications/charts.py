@@ -16,9 +16,13 @@ def _hour_label(moment: datetime, *, daily: bool) -> str:
     return f"{moment:%a %d}" if daily else f"{moment:%H:%M}"
 
 
-def bar_chart(*, values: Sequence[int], hours: Sequence[datetime], metric: str, range_label: str) -> SafeString:
+def bar_chart(
+    *, values: Sequence[int], hours: Sequence[datetime], metric: str, range_label: str, label: str = ""
+) -> SafeString:
     """Bars per hour of ``values`` (one per hour in ``hours``), with a y-axis maximum, time labels
-    and a ``<title>`` per bar; ``metric`` names the series ("delivered") and its CSS class."""
+    and a ``<title>`` per bar; ``metric`` names the series' CSS class ("partial"), ``label`` its
+    words ("delivered partially"; the metric by default)."""
+    label = label or metric
     count = len(values)
     peak = max(values, default=0)
     total = sum(values)
@@ -37,7 +41,7 @@ def bar_chart(*, values: Sequence[int], hours: Sequence[datetime], metric: str, 
                 f"{TOP + plot_h - height:.1f}",
                 f"{max(step - gap, 0.5):.1f}",
                 f"{height:.1f}",
-                f"{hour:%Y-%m-%d %H:00} {hour.tzname() or 'UTC'}: {value} {metric}",
+                f"{hour:%Y-%m-%d %H:00} {hour.tzname() or 'UTC'}: {value} {label}",
             )
         )
     daily = count > 48
@@ -49,7 +53,7 @@ def bar_chart(*, values: Sequence[int], hours: Sequence[datetime], metric: str, 
     ]
     peak_hour = hours[values.index(peak)] if peak else None
     peak_at = f", peak {peak} at {peak_hour:%Y-%m-%d %H:00} {peak_hour.tzname() or 'UTC'}" if peak_hour else ""
-    summary = f"{metric.capitalize()} per hour, {range_label}: {total} in total{peak_at}."
+    summary = f"{label.capitalize()} per hour, {range_label}: {total} in total{peak_at}."
     return format_html(
         '<svg class="outbox-chart outbox-chart-{}" viewBox="0 0 {} {}" role="img" aria-label="{}" '
         'preserveAspectRatio="none" width="100%" height="{}">'
@@ -84,8 +88,10 @@ def bar_chart(*, values: Sequence[int], hours: Sequence[datetime], metric: str, 
     )
 
 
-def sparkline(*, values: Sequence[int], metric: str, range_label: str) -> SafeString:
-    """A small line of ``values`` (oldest first), scaled to its own maximum."""
+def sparkline(*, values: Sequence[int], metric: str, range_label: str, label: str = "") -> SafeString:
+    """A small line of ``values`` (oldest first), scaled to its own maximum; ``metric`` names its
+    CSS class, ``label`` its words (the metric by default)."""
+    label = label or metric
     width, height = 100, 24
     if not values:
         return mark_safe("")
@@ -102,6 +108,6 @@ def sparkline(*, values: Sequence[int], metric: str, range_label: str) -> SafeSt
         height,
         width,
         height,
-        f"{metric.capitalize()} per hour, {range_label}: {sum(values)} in total, at most {max(values)} in an hour.",
+        f"{label.capitalize()} per hour, {range_label}: {sum(values)} in total, at most {max(values)} in an hour.",
         points,
     )

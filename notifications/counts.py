@@ -4,8 +4,8 @@ read them instead of counting millions of rows.
 Triggers on the notification table (installed by migration 0013_notification_counts) add, for
 every statement that inserts, changes or deletes notifications, one row of changes per key to
 ``notifications_notificationcount`` (model ``NotificationCount``), in the statement's own
-transaction. A key is (bucket, status, source site, channel, expired). Every notification
-counts in two keys:
+transaction. A key is (bucket, status, source site, channel, expired, partial: Delivered and
+refused for good by some target, since migration 0036). Every notification counts in two keys:
 
 - its totals key, bucket NULL: the KPIs' queue depth, parked and expired figures per site;
 - its bucketed key (none for Discarded rows): for Pending and Retrying the minute the row was
@@ -24,10 +24,12 @@ the changes of exactly the transactions its snapshot sees, and a fold replaces r
 sum in one statement.
 
 Failed delivery attempts are counted the same way in ``notifications_failedattemptcount``
-(model ``FailedAttemptCount``, migration 0014): by the hour they started and their
-notification's site and channel, kept by triggers on the attempts table, for the dashboard's
-failed trend. An attempt is counted through its notification, so attempts are deleted before
-their notification (as the purge and Django's cascade do).
+(model ``FailedAttemptCount``, migration 0014): by the hour they started, their notification's
+site and channel, their failure class (0017) and whether they failed while some targets had
+the notification (``partial``, 0036: a refusal inside a partial delivery, which the failed
+trend leaves out), kept by triggers on the attempts table, for the dashboard's failed trend and
+the KPIs' failures by class. An attempt is counted through its notification, so attempts are
+deleted before their notification (as the purge and Django's cascade do).
 
 SQLite has no such triggers: there :func:`counts_kept` is False and the callers count the rows.
 """
@@ -41,11 +43,17 @@ from django.db import connection, transaction
 TABLE = "notifications_notificationcount"
 NOTIFICATIONS = "notifications_notification"
 
+
 # The key rows of the notification rows in ``source``: every row counts once in its totals key
-# (bucket NULL) and, unless Discarded, once in its bucketed key.
-KEYS_SQL = """
-    SELECT v.bucket, r.status, r.source_site_id, r.type, r.expired_at IS NOT NULL AS expired
-    FROM {source} AS r CROSS JOIN LATERAL (VALUES (true, NULL::timestamptz), (false,
+# (bucket NULL) and, unless Discarded, once in its bucketed key. ``partial`` (0036 added it): a
+# Delivered row some target refused for good counts in keys of its own.
+def _keys_sql(*, partial: bool) -> tuple[str, str]:
+    """The key rows' SELECT (``{source}`` to fill in) and the key's columns, with the
+    ``partial`` column or as they were before 0036."""
+    partial_select = ", r.status = 'Delivered' AND coalesce(r.targets_refused, 0) > 0 AS partial" if partial else ""
+    select = f"""
+    SELECT v.bucket, r.status, r.source_site_id, r.type, r.expired_at IS NOT NULL AS expired{partial_select}
+    FROM {{source}} AS r CROSS JOIN LATERAL (VALUES (true, NULL::timestamptz), (false,
         CASE r.status
             WHEN 'Delivered' THEN date_trunc('hour', coalesce(r.delivered_at, r.created_at), 'UTC')
             WHEN 'Parked' THEN date_trunc('hour', coalesce(r.expired_at, r.last_attempt_at, r.created_at), 'UTC')
@@ -53,7 +61,10 @@ KEYS_SQL = """
             WHEN 'Retrying' THEN date_trunc('minute', greatest(r.created_at, r.requeued_at), 'UTC')
         END)) AS v(total, bucket)
     WHERE v.total OR v.bucket IS NOT NULL"""
-KEY_COLUMNS = "bucket, status, source_site_id, type, expired"
+    return select, "bucket, status, source_site_id, type, expired" + (", partial" if partial else "")
+
+
+KEYS_SQL, KEY_COLUMNS = _keys_sql(partial=True)
 
 
 def _count_trigger_function_sql(function: str, table: str, key_columns: str, rows_sql: str) -> str:
@@ -108,15 +119,33 @@ def _count_triggers_sql(prefix: str, table: str, function: str) -> tuple[tuple[s
     return names, statements
 
 
-TRIGGER_FUNCTION_SQL = _count_trigger_function_sql("notifications_count_changes", TABLE, KEY_COLUMNS, KEYS_SQL)
-TRIGGER_NAMES, TRIGGERS_SQL = _count_triggers_sql("notif_count", NOTIFICATIONS, "notifications_count_changes")
+TRIGGER_FUNCTION = "notifications_count_changes"
+TRIGGER_FUNCTION_SQL = _count_trigger_function_sql(TRIGGER_FUNCTION, TABLE, KEY_COLUMNS, KEYS_SQL)
+TRIGGER_NAMES, TRIGGERS_SQL = _count_triggers_sql("notif_count", NOTIFICATIONS, TRIGGER_FUNCTION)
 
-# Recounts every key from the notifications themselves (installation, and after a bulk load
-# made with the triggers disabled).
-REBUILD_SQL = f"""
+
+def _rebuild_sql(keys_sql: str, key_columns: str) -> str:
+    """Recounts every key from the notifications themselves (installation, and after a bulk
+    load made with the triggers disabled)."""
+    return f"""
+INSERT INTO {TABLE} ({key_columns}, n, folded)
+SELECT {key_columns}, count(*), true FROM ({keys_sql.format(source=NOTIFICATIONS)}) AS k
+GROUP BY {key_columns}
+"""
+
+
+REBUILD_SQL = _rebuild_sql(KEYS_SQL, KEY_COLUMNS)
+
+_PARTIAL_ROWS = "status = 'Delivered' AND targets_refused > 0"
+# Moves the Delivered rows some target refused for good from the keys they counted in before
+# 0036 (partial false) to their own (partial true): two changes per key, unfolded. Reads only
+# those rows, through their partial index (notif_partial_idx, 0008), never the whole table.
+PARTIAL_MOVE_SQL = f"""
 INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
-SELECT {KEY_COLUMNS}, count(*), true FROM ({KEYS_SQL.format(source=NOTIFICATIONS)}) AS k
-GROUP BY {KEY_COLUMNS}
+SELECT bucket, status, source_site_id, type, expired, moved.partial, moved.sign * count(*), false
+FROM ({_keys_sql(partial=False)[0].format(source=f"(SELECT * FROM {NOTIFICATIONS} WHERE {_PARTIAL_ROWS})")})
+    AS k CROSS JOIN (VALUES (false, -1), (true, 1)) AS moved(partial, sign)
+GROUP BY bucket, status, source_site_id, type, expired, moved.partial, moved.sign
 """
 
 # At most this many unfolded rows are read per fold (every row of their keys is folded).
@@ -127,7 +156,10 @@ FOLD_LOCK = 0x6F7574626F78  # "outbox"
 # Sums the rows of the keys of up to %(rows)s unfolded rows into one row per key, in one
 # statement, unless another fold holds the lock: the bucketed keys and the totals are each
 # matched through their own index.
-_KEY_MATCH = "c.status = k.status AND c.source_site_id = k.source_site_id AND c.type = k.type AND c.expired = k.expired"
+_KEY_MATCH = (
+    "c.status = k.status AND c.source_site_id = k.source_site_id AND c.type = k.type AND c.expired = k.expired"
+    " AND c.partial = k.partial"
+)
 FOLD_SQL = f"""
 WITH lock AS (
     SELECT pg_try_advisory_xact_lock(%(lock)s) AS held
@@ -136,11 +168,11 @@ WITH lock AS (
 ), bucketed AS (
     DELETE FROM {TABLE} AS c USING (SELECT DISTINCT * FROM changed WHERE bucket IS NOT NULL) AS k
     WHERE {_KEY_MATCH} AND c.bucket = k.bucket
-    RETURNING c.bucket, c.status, c.source_site_id, c.type, c.expired, c.n
+    RETURNING c.bucket, c.status, c.source_site_id, c.type, c.expired, c.partial, c.n
 ), totals AS (
     DELETE FROM {TABLE} AS c USING (SELECT DISTINCT * FROM changed WHERE bucket IS NULL) AS k
     WHERE {_KEY_MATCH} AND c.bucket IS NULL
-    RETURNING c.bucket, c.status, c.source_site_id, c.type, c.expired, c.n
+    RETURNING c.bucket, c.status, c.source_site_id, c.type, c.expired, c.partial, c.n
 )
 INSERT INTO {TABLE} ({KEY_COLUMNS}, n, folded)
 SELECT {KEY_COLUMNS}, sum(n), true FROM (SELECT * FROM bucketed UNION ALL SELECT * FROM totals) AS gone
@@ -155,13 +187,14 @@ ATTEMPTS = "notifications_deliveryattempt"
 ATTEMPT_FUNCTION = "notifications_count_failed_attempts"
 
 
-def _failed_attempt_sql(*, by_class: bool) -> tuple[str, str, str]:
+def _failed_attempt_sql(*, by_class: bool, partial: bool = False) -> tuple[str, str, str]:
     """The trigger function, the recount and the fold of the failed-attempt counts, keyed by
     (hour, site, channel) and, ``by_class``, the failure class (migration 0017 added it; 0014
-    installs the counts as they were then)."""
-    key = "bucket, source_site_id, type" + (", failure_class" if by_class else "")
+    installs the counts as they were then) and, ``partial``, whether the attempt failed while
+    some targets had the notification (0036)."""
+    key = "bucket, source_site_id, type" + (", failure_class" if by_class else "") + (", partial" if partial else "")
     failed = f"""
-    SELECT date_trunc('hour', a.started_at, 'UTC') AS bucket, n.source_site_id, n.type{", a.failure_class" if by_class else ""}
+    SELECT date_trunc('hour', a.started_at, 'UTC') AS bucket, n.source_site_id, n.type{", a.failure_class" if by_class else ""}{", a.targets_delivered > 0 AS partial" if partial else ""}
     FROM {{source}} AS a JOIN {NOTIFICATIONS} AS n ON n.notification_id = a.notification_id
     WHERE a.failure_class <> ''"""
     match = " AND ".join(f"c.{column} = k.{column}" for column in key.split(", "))
@@ -187,14 +220,15 @@ SELECT {key}, sum(n), true FROM gone GROUP BY {key} HAVING sum(n) <> 0
     return _count_trigger_function_sql(ATTEMPT_FUNCTION, ATTEMPT_TABLE, key, failed), rebuild, fold
 
 
-ATTEMPT_TRIGGER_FUNCTION_SQL, ATTEMPT_REBUILD_SQL, ATTEMPT_FOLD_SQL = _failed_attempt_sql(by_class=True)
+ATTEMPT_TRIGGER_FUNCTION_SQL, ATTEMPT_REBUILD_SQL, ATTEMPT_FOLD_SQL = _failed_attempt_sql(by_class=True, partial=True)
 ATTEMPT_TRIGGER_NAMES, ATTEMPT_TRIGGERS_SQL = _count_triggers_sql("attempt_count", ATTEMPTS, ATTEMPT_FUNCTION)
 
 
 def failed_attempts_install(schema_editor: Any, *, by_class: bool = True) -> None:
     """Create (or replace) the attempts' triggers and count every existing failed attempt, with
     writers of attempts held off meanwhile; ``by_class=False``: the counts as migration 0014
-    made them, without the failure class."""
+    made them, without the failure class. (The counts as 0017 left them; 0036 adds the
+    ``partial`` key with :func:`counts_partial_install`.)"""
     function_sql, rebuild_sql, _fold = _failed_attempt_sql(by_class=by_class)
     _install(
         schema_editor,
@@ -211,15 +245,18 @@ def failed_attempts_uninstall(schema_editor: Any) -> None:
     _uninstall(schema_editor, ATTEMPTS, ATTEMPT_TRIGGER_NAMES, ATTEMPT_FUNCTION)
 
 
-def failed_hourly_counts(start: datetime) -> list[tuple[int, str, str, int]]:
+def failed_hourly_counts(start: datetime, *, partial: bool | None = None) -> list[tuple[int, str, str, int]]:
     """``(hour, site, channel, count)`` of the failed attempts started from ``start`` (a whole
-    hour) on, the hour counted from ``start`` (PostgreSQL)."""
+    hour) on, the hour counted from ``start`` (PostgreSQL); ``partial`` True or False: only the
+    attempts that failed while some targets had the notification, or only the others."""
+    only = "" if partial is None else " AND partial = %s"
     sql = f"""
         SELECT (extract(epoch FROM bucket - %s::timestamptz) / 3600)::int, source_site_id, type, sum(n)::bigint
-        FROM {ATTEMPT_TABLE} WHERE bucket >= %s
+        FROM {ATTEMPT_TABLE} WHERE bucket >= %s{only}
         GROUP BY bucket, source_site_id, type HAVING sum(n) <> 0
     """
-    return [(hour, site, channel, n) for hour, site, channel, n in _rows(sql, [start, start])]
+    params: list[Any] = [start, start] + ([] if partial is None else [partial])
+    return [(hour, site, channel, n) for hour, site, channel, n in _rows(sql, params)]
 
 
 def failures_since(since: datetime) -> dict[str, int]:
@@ -257,20 +294,49 @@ def counts_kept() -> bool:
 
 def counts_install(schema_editor: Any) -> None:
     """Create the triggers and count every existing notification, with writers held off
-    (a SHARE ROW EXCLUSIVE lock, readers go on) so that no change falls between the two."""
+    (a SHARE ROW EXCLUSIVE lock, readers go on) so that no change falls between the two. The
+    counts as migration 0013 made them, without the ``partial`` key (0036:
+    :func:`counts_partial_install`)."""
+    keys_sql, key_columns = _keys_sql(partial=False)
     _install(
         schema_editor,
         table=NOTIFICATIONS,
-        function_sql=TRIGGER_FUNCTION_SQL,
+        function_sql=_count_trigger_function_sql(TRIGGER_FUNCTION, TABLE, key_columns, keys_sql),
         trigger_names=TRIGGER_NAMES,
         triggers_sql=TRIGGERS_SQL,
         counts_table=TABLE,
-        rebuild_sql=REBUILD_SQL,
+        rebuild_sql=_rebuild_sql(keys_sql, key_columns),
     )
 
 
 def counts_uninstall(schema_editor: Any) -> None:
-    _uninstall(schema_editor, NOTIFICATIONS, TRIGGER_NAMES, "notifications_count_changes")
+    _uninstall(schema_editor, NOTIFICATIONS, TRIGGER_NAMES, TRIGGER_FUNCTION)
+
+
+def counts_partial_install(schema_editor: Any) -> None:
+    """Key the counts by ``partial`` too (migration 0036), without recounting either table:
+    the triggers' functions are replaced (the triggers stay), and the Delivered rows some
+    target refused for good are moved to their own keys, read through their partial index
+    while writers of notifications are held off. Every failed attempt recorded before stays
+    counted as not partial (``targets_delivered`` is 0 on every attempt before 0036), so the
+    attempts' counts are exact as they are."""
+    run = schema_editor.execute
+    run(f"LOCK TABLE {NOTIFICATIONS} IN SHARE ROW EXCLUSIVE MODE")
+    run(TRIGGER_FUNCTION_SQL)
+    run(ATTEMPT_TRIGGER_FUNCTION_SQL)
+    run(PARTIAL_MOVE_SQL)
+
+
+def counts_partial_uninstall(schema_editor: Any) -> None:
+    """Undo :func:`counts_partial_install`: the functions as 0017 left them, and every
+    ``partial`` key's rows back in its key without it (the column goes next)."""
+    keys_sql, key_columns = _keys_sql(partial=False)
+    run = schema_editor.execute
+    run(f"LOCK TABLE {NOTIFICATIONS} IN SHARE ROW EXCLUSIVE MODE")
+    run(_count_trigger_function_sql(TRIGGER_FUNCTION, TABLE, key_columns, keys_sql))
+    run(_failed_attempt_sql(by_class=True)[0])
+    run(f"UPDATE {TABLE} SET partial = false, folded = false WHERE partial")
+    run(f"UPDATE {ATTEMPT_TABLE} SET partial = false, folded = false WHERE partial")
 
 
 def _install(
@@ -393,16 +459,19 @@ def oldest_queued(sites: Iterable[str]) -> dict[str, datetime]:
     return {site: then for site, then in _rows(sql, [sites]) if then is not None}
 
 
-def hourly_counts(status: str, start: datetime) -> list[tuple[int, str, str, int]]:
+def hourly_counts(status: str, start: datetime, *, partial: bool | None = None) -> list[tuple[int, str, str, int]]:
     """``(hour, site, channel, count)`` of the Delivered or Parked rows from ``start`` (a whole
     hour) on, by the hour of their bucket counted from ``start`` (0 is ``start``'s hour;
-    PostgreSQL)."""
+    PostgreSQL); ``partial`` True: only the rows delivered partially (some target refused
+    them for good), False: only the others."""
+    only = "" if partial is None else " AND partial = %s"
     sql = f"""
         SELECT (extract(epoch FROM bucket - %s::timestamptz) / 3600)::int, source_site_id, type, sum(n)::bigint
-        FROM {TABLE} WHERE status = %s AND bucket >= %s
+        FROM {TABLE} WHERE status = %s AND bucket >= %s{only}
         GROUP BY bucket, source_site_id, type HAVING sum(n) <> 0
     """
-    return [(hour, site, channel, n) for hour, site, channel, n in _rows(sql, [start, status, start])]
+    params: list[Any] = [start, status, start] + ([] if partial is None else [partial])
+    return [(hour, site, channel, n) for hour, site, channel, n in _rows(sql, params)]
 
 
 def _rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:

@@ -8,7 +8,7 @@ from hand-typed lists, so a new column is carried along — or refused with a cl
 
 import json
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import date, datetime
 from decimal import Decimal
 from functools import cache
@@ -34,6 +34,7 @@ from django.db.models import (
 from django.utils import timezone
 
 ModelT = TypeVar("ModelT", bound=Model)
+T = TypeVar("T")
 
 # --- the database clock ------------------------------------------------------------------------
 
@@ -685,8 +686,42 @@ def count_within(queryset: QuerySet[Any], milliseconds: int) -> int | None:
     """``queryset.count()``, or None when PostgreSQL has not finished it within ``milliseconds``
     (the statement is cancelled; the connection and any enclosing transaction stay usable).
     SQLite has no statement timeout: there it always counts."""
+    return run_within(queryset.count, milliseconds)
+
+
+def grouped_counts(
+    values: QuerySet[Any], *, columns: Sequence[str], first: int | None = None
+) -> tuple[dict[tuple[Any, ...], int], int]:
+    """How many of the rows of ``values`` (a ``values_list`` of ``columns``, sliced or not)
+    hold each combination of values, counted by the database over exactly those rows (a LIMIT
+    inside stays inside; the rows never travel one by one), and how many rows that was.
+    ``first``: count only the first so many rows in the order ``values`` returns them (its
+    ORDER BY), the rows after them only in the number read."""
+    sql, params = values.query.sql_with_params()
+    names = ", ".join(columns)
+    if first is None:
+        query, arguments = f"SELECT {names}, count(*), count(*) FROM ({sql}) AS counted GROUP BY {names}", params
+    else:
+        # row_number() over () numbers the rows in the order the ordered inner query gives them.
+        query = (
+            f"SELECT {names}, count(*) FILTER (WHERE row_in_order <= %s), count(*) FROM "
+            f"(SELECT *, row_number() OVER () AS row_in_order FROM ({sql}) AS ordered) AS counted GROUP BY {names}"
+        )
+        arguments = (first, *params)
+    with connection.cursor() as cursor:
+        cursor.execute(query, arguments)
+        rows = cursor.fetchall()
+    counts = {tuple(row[:-2]): int(row[-2]) for row in rows if row[-2]}
+    return counts, sum(int(row[-1]) for row in rows)
+
+
+def run_within(read: Callable[[], T], milliseconds: int) -> T | None:
+    """``read()``, or None when PostgreSQL has not answered its statements within
+    ``milliseconds`` each (a statement timeout local to a savepoint: the statement is
+    cancelled, the connection and any enclosing transaction stay usable). SQLite has no
+    statement timeout: there it always reads."""
     if connection.vendor != "postgresql":
-        return queryset.count()
+        return read()
     from psycopg.errors import QueryCanceled
 
     try:
@@ -697,9 +732,9 @@ def count_within(queryset: QuerySet[Any], milliseconds: int) -> int | None:
                 [str(milliseconds)],
             )
             previous = cursor.fetchone()[0]
-            counted = queryset.count()
+            result = read()
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
-            return counted
+            return result
     except OperationalError as error:
         if isinstance(error.__cause__, QueryCanceled):
             return None

@@ -309,8 +309,10 @@ class NotificationCount(models.Model):
     notification counts in its totals key (bucket None) and, unless Discarded, in a bucketed
     key: the minute a Pending or Retrying row was queued (its last operator Retry or Requeue,
     else its creation), the hour a Delivered row was delivered or a Parked row parked (expiry,
-    else last attempt, else creation). SQLite has no triggers: there the table stays empty and
-    the KPIs and trends count the rows themselves.
+    else last attempt, else creation). ``partial`` is part of the key: a Delivered row some
+    target refused for good (``targets_refused`` > 0, delivered partially) counts apart from the
+    others. SQLite has no triggers: there the table stays empty and the KPIs and trends count
+    the rows themselves.
     """
 
     bucket = models.DateTimeField(null=True)  # None: the key's totals of every time
@@ -318,6 +320,8 @@ class NotificationCount(models.Model):
     source_site_id = models.CharField(max_length=64)
     type = models.CharField(max_length=32)
     expired = models.BooleanField()  # Parked for its age (expired_at set)
+    # Delivered partially: Delivered, and some target refused it for good (targets_refused > 0).
+    partial = models.BooleanField(default=False, db_default=False)
     n = models.BigIntegerField()
     folded = models.BooleanField(default=False)  # the sum of a key, not a statement's change
 
@@ -343,7 +347,9 @@ class NotificationCount(models.Model):
 class FailedAttemptCount(models.Model):
     """Failed delivery attempts by the hour they started, their notification's site and
     channel, and their failure class (notifications.counts): the dashboard's failed trend, and
-    the KPIs' failures of the last interval by class.
+    the KPIs' failures of the last interval by class. ``partial``: the attempt failed while some
+    of the notification's targets had it (``DeliveryAttempt.targets_delivered`` > 0): a
+    recipient's refusal inside a partial delivery, counted apart from outages.
 
     Kept on PostgreSQL by statement-level triggers on the attempts table, like
     ``NotificationCount``: each statement adds its changes per key, ``counts_fold`` sums them.
@@ -354,6 +360,7 @@ class FailedAttemptCount(models.Model):
     source_site_id = models.CharField(max_length=64)
     type = models.CharField(max_length=32)
     failure_class = models.CharField(max_length=32, default="", db_default="")
+    partial = models.BooleanField(default=False, db_default=False)
     n = models.BigIntegerField()
     folded = models.BooleanField(default=False)
 
@@ -387,6 +394,10 @@ class DeliveryAttempt(models.Model):
     error = models.TextField(blank=True)
     detail = models.JSONField(default=dict, blank=True)  # adapter detail, e.g. SMTP reply code
     worker = models.CharField(max_length=64, blank=True)
+    # How many of the notification's targets had it once this attempt ended (the ones it
+    # reached and the ones earlier attempts reached). A failed attempt with any failed for
+    # the targets still owed it while others had it: part of a partial delivery, not an outage.
+    targets_delivered = models.IntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ["started_at"]

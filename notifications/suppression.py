@@ -260,7 +260,7 @@ def suppression_lock(*, site_id: str, list_name: str) -> datetime:
 
 
 # The advisory lock of one site's list: (LOCK_CLASS, _lock_key). outbox_duplicate_anchor
-# (migration 0036) takes it shared, and the lock of the list's key (class 0x0B0D) alone: the
+# (migration 0037) takes it shared, and the lock of the list's key (class 0x0B0D) alone: the
 # transaction that holds the list's lock excludes every one-statement decision of its keys,
 # which exclude each other only per key.
 LOCK_CLASS = 0x0B0C
@@ -397,7 +397,7 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
 # The ingest of one notification with a dedup_key (the commonest keyed request): the decision
 # of _ListDecisions._duplicate in one statement instead of a transaction of five round trips
 # (the lock, the anchor's lookup, the insert, the count, COMMIT). It is insert_ignoring_conflicts'
-# own INSERT, joined with outbox_duplicate_anchor (migration 0036), which takes the list's lock
+# own INSERT, joined with outbox_duplicate_anchor (migration 0037), which takes the list's lock
 # shared and its key's alone, then looks the anchor up afresh (the rule is there, in SQL); the
 # row stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted
 # (a replay stores nothing).

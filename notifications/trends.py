@@ -1,17 +1,23 @@
-"""Hourly delivery trends for the dashboard: delivered, parked and failed per hour over the last
-24 hours or 7 days, in total, by site and by channel (notification type).
+"""Hourly delivery trends for the dashboard: delivered, delivered partially, parked and failed
+per hour over the last 24 hours or 7 days, in total, by site and by channel (notification type).
 
-- delivered: rows delivered in the hour (``delivered_at``);
+- delivered: rows delivered in the hour (``delivered_at``), partial deliveries included;
+- partial (delivered partially): of those, the rows some target refused for good
+  (``targets_refused`` > 0: one of three mailboxes does not exist);
 - parked: rows parked now, by the hour they parked (the age expiry, else their last attempt,
   else their creation); a row retried since is no longer counted;
 - failed: failed delivery attempts started in the hour (any failure class), by their
-  notification's site and channel.
+  notification's site and channel, except the attempts that failed while some of the
+  notification's targets had it (``DeliveryAttempt.targets_delivered`` > 0: a recipient
+  refusing inside a partial delivery, not an outage), which are counted apart as
+  ``failed_partial`` (not charted; the failed chart's caption gives their total).
 
-On PostgreSQL all three are read from the hourly counts the database keeps
+On PostgreSQL all of them are read from the hourly counts the database keeps
 (notifications.counts); on SQLite they are counted from the rows (delivered from a partial
-index of delivered rows on (delivered_at, source_site_id, type) alone, migration 0011; failed
-attempts from their partial index, joined to their notification for the site and channel).
-Three grouped statements, each returning at most hours × sites × channels rows.
+index of delivered rows on (delivered_at, source_site_id, type) alone, migration 0011; the
+partial deliveries from their partial index on delivered_at, 0008; failed attempts from their
+partial index, joined to their notification for the site and channel). Grouped statements,
+each returning at most hours × sites × channels rows.
 """
 
 from collections.abc import Iterable
@@ -27,7 +33,11 @@ from notifications.counts import counts_fold, counts_kept, failed_hourly_counts,
 from notifications.models import DeliveryAttempt, Notification
 
 Status = Notification.Status
-METRICS = ("delivered", "parked", "failed")
+# The charted series, in the dashboard's order, and their words.
+METRICS = ("delivered", "partial", "parked", "failed")
+LABELS = {"delivered": "delivered", "partial": "delivered partially", "parked": "parked", "failed": "failed"}
+# Counted too, not charted: the failed attempts left out of "failed".
+SERIES = (*METRICS, "failed_partial")
 RANGES = {"24h": 24, "7d": 24 * 7}
 # Counts of one metric: (hour counted from the range's start, site, channel, count).
 Row = tuple[int, str, str, int]
@@ -41,7 +51,7 @@ class Series:
     counts: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for metric in METRICS:
+        for metric in SERIES:
             self.counts.setdefault(metric, [0] * self.hours)
 
     def total(self, metric: str) -> int:
@@ -73,33 +83,12 @@ def trends_compute(*, range_name: str = "24h", now: datetime | None = None) -> T
     now = now or timezone.now()
     start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
 
-    if counts_kept():
-        counts_fold()
-        delivered: Iterable[Row] = hourly_counts(Status.DELIVERED, start)
-        parked: Iterable[Row] = hourly_counts(Status.PARKED, start)
-    else:
-        delivered, parked = (_indexed(rows, start) for rows in _counted_rows(start))
-    failed: Iterable[Row]
-    if counts_kept():
-        failed = failed_hourly_counts(start)
-    else:
-        failed = _indexed(
-            DeliveryAttempt.objects.filter(~Q(failure_class=""), started_at__gte=start)
-            .annotate(
-                hour=TruncHour("started_at"),
-                source_site_id=F("notification__source_site_id"),
-                type=F("notification__type"),
-            )
-            .values("hour", "source_site_id", "type")
-            .annotate(n=Count("started_at"))
-            .order_by(),
-            start,
-        )
+    rows_by_metric = _kept_rows(start) if counts_kept() else _counted_series(start)
 
     overall = Series(hours)
     by_site: dict[str, Series] = {}
     by_channel: dict[str, Series] = {}
-    for metric, rows in (("delivered", delivered), ("parked", parked), ("failed", failed)):
+    for metric, rows in rows_by_metric.items():
         for index, site_id, channel, n in rows:
             if not 0 <= index < hours:
                 continue  # a clock a little ahead of ours; not this range
@@ -123,11 +112,47 @@ def _indexed(rows: Any, start: datetime) -> Iterable[Row]:
         yield int((row["hour"] - start).total_seconds() // 3600), row["source_site_id"], row["type"], row["n"]
 
 
-def _counted_rows(start: datetime) -> tuple[Any, Any]:
-    """The delivered and parked rows from ``start`` on, grouped by hour, site and channel,
-    counted from the rows themselves (SQLite, and the reference the kept counts are tested
-    against): the delivered from their partial index alone (0011), the parked from the
-    partial index of open rows."""
+def _kept_rows(start: datetime) -> dict[str, Iterable[Row]]:
+    """Every series from ``start`` on, from the hourly counts the database keeps (PostgreSQL)."""
+    counts_fold()
+    return {
+        "delivered": hourly_counts(Status.DELIVERED, start),
+        "partial": hourly_counts(Status.DELIVERED, start, partial=True),
+        "parked": hourly_counts(Status.PARKED, start),
+        "failed": failed_hourly_counts(start, partial=False),
+        "failed_partial": failed_hourly_counts(start, partial=True),
+    }
+
+
+def _counted_series(start: datetime) -> dict[str, Iterable[Row]]:
+    """Every series from ``start`` on, counted from the rows (SQLite)."""
+    delivered, partial, parked = (_indexed(rows, start) for rows in _counted_rows(start))
+    failed = (
+        DeliveryAttempt.objects.filter(~Q(failure_class=""), started_at__gte=start)
+        .annotate(
+            hour=TruncHour("started_at"),
+            source_site_id=F("notification__source_site_id"),
+            type=F("notification__type"),
+        )
+        .values("hour", "source_site_id", "type")
+        .annotate(n=Count("started_at"))
+        .order_by()
+    )
+    return {
+        "delivered": delivered,
+        "partial": partial,
+        "parked": parked,
+        "failed": _indexed(failed.filter(targets_delivered=0), start),
+        "failed_partial": _indexed(failed.filter(targets_delivered__gt=0), start),
+    }
+
+
+def _counted_rows(start: datetime) -> tuple[Any, Any, Any]:
+    """The delivered, delivered partially and parked rows from ``start`` on, grouped by hour,
+    site and channel, counted from the rows themselves (SQLite, and the reference the kept
+    counts are tested against): the delivered from their partial index alone (0011), the
+    partial ones from theirs on delivered_at (0008), the parked from the partial index of
+    open rows."""
     delivered = (
         Notification.objects.filter(status=Status.DELIVERED, delivered_at__gte=start)
         .annotate(hour=TruncHour("delivered_at"))
@@ -135,6 +160,7 @@ def _counted_rows(start: datetime) -> tuple[Any, Any]:
         .annotate(n=Count("delivered_at"))
         .order_by()
     )
+    partial = delivered.filter(targets_refused__gt=0)
     parked_time = Coalesce("expired_at", "last_attempt_at", "created_at")
     parked = (
         Notification.objects.filter(status=Status.PARKED)
@@ -145,7 +171,7 @@ def _counted_rows(start: datetime) -> tuple[Any, Any]:
         .annotate(n=Count("created_at"))
         .order_by()
     )
-    return delivered, parked
+    return delivered, partial, parked
 
 
 def _by_volume(groups: dict[str, Series]) -> dict[str, Series]:

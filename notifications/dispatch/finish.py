@@ -37,7 +37,7 @@ logger = logging.getLogger(__package__)
 Status = Notification.Status
 
 # The columns finishing an attempt writes.
-ATTEMPT_RESULT_FIELDS = ("duration_ms", "outcome", "failure_class", "error", "detail")
+ATTEMPT_RESULT_FIELDS = ("duration_ms", "outcome", "failure_class", "error", "detail", "targets_delivered")
 MAX_ERROR_LENGTH = 4000
 
 
@@ -436,12 +436,18 @@ def _refused(targets: list[dict[str, Any]]) -> int:
     return sum(1 for entry in targets if isinstance(entry, dict) and target_outcome(entry) == TargetOutcome.REFUSED)
 
 
+def _delivered(targets: list[dict[str, Any]]) -> int:
+    """How many targets have the notification (accepted it, in this attempt or an earlier one)."""
+    return sum(1 for entry in targets if isinstance(entry, dict) and target_outcome(entry) == TargetOutcome.DELIVERED)
+
+
 def _attempt_finish(attempt: DeliveryAttempt, outcome: DeliveryOutcome, *, kind: str, probe: bool) -> None:
     attempt.duration_ms = outcome.duration_ms
     if outcome.result is not None:
         attempt.outcome = DeliveryAttempt.Outcome.SUCCESS
         attempt.error = outcome.result.warning
         attempt.detail = outcome.result.detail
+        attempt.targets_delivered = _delivered(outcome.result.targets)
     elif outcome.error is not None:
         error = outcome.error
         if error.ambiguous:
@@ -454,5 +460,8 @@ def _attempt_finish(attempt: DeliveryAttempt, outcome: DeliveryOutcome, *, kind:
         attempt.failure_class = error.failure_class
         attempt.error = error.message[:MAX_ERROR_LENGTH]
         attempt.detail = error.detail
+        # Failed for the targets still owed it while others have it: part of a partial
+        # delivery (the failed trend counts it apart from outages), not a failure of the channel.
+        attempt.targets_delivered = _delivered(error.targets)
     if probe:
         attempt.detail = {**attempt.detail, "probe": True}

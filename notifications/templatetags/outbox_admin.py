@@ -101,7 +101,7 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
     """The dashboard's trend charts (notifications.trends) for the range in ``?trends=`` (24h
     by default), or None when the user may not view notifications."""
     from notifications.charts import bar_chart, sparkline
-    from notifications.trends import METRICS, trends_compute
+    from notifications.trends import LABELS, METRICS, trends_compute
 
     request = context.get("request")
     if request is None or not request.user.has_perm("notifications.view_notification"):
@@ -117,7 +117,11 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
 
     def sparks(series: Any) -> list[tuple[str, int, str]]:
         return [
-            (metric, series.total(metric), sparkline(values=series.counts[metric], metric=metric, range_label=label))
+            (
+                metric,
+                series.total(metric),
+                sparkline(values=series.counts[metric], metric=metric, range_label=label, label=LABELS[metric]),
+            )
             for metric in METRICS
         ]
 
@@ -129,11 +133,21 @@ def outbox_dashboard_trends(context: template.Context) -> dict[str, Any] | None:
         "charts": [
             (
                 metric,
+                LABELS[metric],
                 trends.overall.total(metric),
-                bar_chart(values=trends.overall.counts[metric], hours=hours, metric=metric, range_label=label),
+                bar_chart(
+                    values=trends.overall.counts[metric],
+                    hours=hours,
+                    metric=metric,
+                    range_label=label,
+                    label=LABELS[metric],
+                ),
             )
             for metric in METRICS
         ],
+        # The failed attempts the failed chart leaves out: recipients refusing inside a partial delivery.
+        "failed_partial": trends.overall.total("failed_partial"),
+        "labels": [LABELS[metric] for metric in METRICS],
         "tile_sparks": {metric: spark for metric, _, spark in sparks(trends.overall)},
         "by_site": [(site, sparks(series)) for site, series in list(trends.by_site.items())[:20]],
         "more_sites": max(0, len(trends.by_site) - 20),
@@ -160,9 +174,40 @@ def outbox_status_line(context: template.Context, kpis: dict[str, Any] | None) -
 
 
 @register.simple_tag
+def outbox_filtered_tiles(changelist: Any) -> dict[str, Any] | None:
+    """For an outbox page with a filter or a search: the tiles' and the per-site table's
+    figures over the rows they match (notifications.admin.tiles), and the tiles' links, which
+    keep the filters; None on the unfiltered page (the tiles then show the KPIs)."""
+    from notifications.admin.tiles import filtered_tiles
+
+    if not (changelist.has_active_filters or changelist.query):
+        return None
+    tiles = filtered_tiles(changelist.queryset)
+    links = {
+        "queue_depth": {"status": "queued"},
+        "stuck": {"stuck": "1"},
+        "parked": {"status": "Parked"},
+        "unacknowledged": {"ack": "unacknowledged"},
+        "expired": {"status": "Parked"},
+        "delivered": {"status": "Delivered"},
+        "partial": {"targets": "partial"},
+        "oldest": {"status": "queued", "o": "8"},
+    }
+    return {
+        "figures": tiles.figures,
+        "capped": any(figure.capped for figure in tiles.figures.values()),
+        "uncounted": any(figure.value is None for figure in tiles.figures.values()),
+        "oldest_pending_age_seconds": tiles.oldest_pending_age_seconds,
+        "per_site": tiles.per_site,
+        # Back to the first page ("p": None removes exactly that parameter; remove= takes prefixes).
+        "links": {name: changelist.get_query_string({**params, "p": None}) for name, params in links.items()},
+    }
+
+
+@register.simple_tag
 def outbox_matches(changelist: Any) -> Any:
     """The outbox page's matches counted by site and by list (notifications.console), following
     its filters and search."""
     from notifications.console import matches_by_site_and_list
 
-    return matches_by_site_and_list(changelist.queryset)
+    return matches_by_site_and_list(changelist.queryset, shown=changelist.result_list)

@@ -150,6 +150,35 @@ def test_at_3am_a_dead_webhook_receiver_degrades_the_line_and_one_click_shows_wh
     assert "10 waiting)" in page.locator("#result_list").inner_text()
 
 
+def test_one_click_on_a_site_beside_the_filters_makes_the_tiles_count_that_site(
+    viewport_page,  # noqa: F811
+    live_server,
+):
+    worker_alive()
+    five_hundred_mixed_rows()
+    page = viewport_page(1280, 800)
+    log_in(page, live_server, make_user("olivia", groups=["Operators"]))
+    page.goto(f"{live_server.url}{OUTBOX}")
+    tile = page.locator("#kpi-queue-depth .outbox-tile-value")
+    assert tile.inner_text() == "200"  # every site's Pending and Retrying rows
+    page.locator("#outbox-matches-sites a", has_text="plant-03-north-east").click()
+    page.wait_for_url("**site=plant-03-north-east**")
+    # 500 rows over 7 sites: plant-03 holds n = 3, 10, 17 …; Pending and Retrying are n % 5 of 0 and 1.
+    queued = sum(1 for n in range(500) if n % 7 == 3 and n % 5 in (0, 1))
+    assert tile.inner_text() == str(queued)
+    assert page.locator("#kpi-filtered-note").is_visible()
+    page.locator("#kpi-per-site-filtered summary").click()
+    rows = page.locator("#kpi-per-site-filtered tbody tr")
+    assert rows.count() == 1 and rows.first.locator("th").inner_text() == "plant-03-north-east"
+    assert page.locator("#outbox-matches-title").inner_text() == f"Matches: {sum(1 for n in range(500) if n % 7 == 3)}"
+    # The tile's own link keeps the site and shows its rows.
+    page.locator("#kpi-queue-depth").click()
+    page.wait_for_url("**status=queued**")
+    assert "site=plant-03-north-east" in page.url
+    assert page.locator("#result_list tbody tr").count() == queued
+    page.screenshot(path=str(ARTIFACTS / "night-outbox-filtered-1280.png"))
+
+
 def test_slash_focuses_the_search(viewport_page, live_server):  # noqa: F811
     make_notification()
     page = viewport_page(1280, 800)

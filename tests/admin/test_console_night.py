@@ -1,7 +1,9 @@
 """The night view's server side: the status line's rules, an open channel's breakdown by site
-and list, the waiting rows' words, counts beside the filters, and incident notes (kept, with who
-and when, never an acknowledgement)."""
+and list, the waiting rows' words, counts beside the filters, tiles and a per-site table that
+follow the filters, and incident notes (kept, with who and when, never an acknowledgement)."""
 
+import html
+import re
 from datetime import timedelta
 
 import pytest
@@ -212,14 +214,119 @@ def test_counts_beside_the_filters_follow_the_filters_and_the_search(client, wor
     assert "Matches: 1</h2>" in response.content.decode()
 
 
-def test_matches_are_capped(db, monkeypatch):
+def test_matches_are_capped_and_count_the_newest(db, monkeypatch):
     from notifications import console
 
-    monkeypatch.setattr(console, "MATCHES_READ_MAX", 2)
-    for _ in range(3):
+    monkeypatch.setattr(console, "MATCHES_COUNT_MAX", 2)
+    make_notification(source_site_id="plant-b", list_name="Boilers", age=timedelta(minutes=5))
+    for _ in range(2):
         make_notification()
     matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"))
-    assert (matches.total, matches.capped, matches.sites) == (2, True, [("plant-a", 2)])
+    assert (matches.total, matches.capped, matches.sites, matches.lists) == (
+        2,
+        True,
+        [("plant-a", 2)],
+        [("Operators", 2)],
+    )
+    monkeypatch.setattr(console, "MATCHES_COUNT_MAX", 3)
+    matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"))
+    assert (matches.total, matches.capped, matches.sites) == (3, False, [("plant-a", 2), ("plant-b", 1)])
+    # A count the budget cancels falls back to the rows the page shows.
+    monkeypatch.setattr(console.db, "run_within", lambda read, milliseconds: None)
+    shown = list(Notification.objects.order_by("created_at")[:2])  # the plant-b row and one of plant-a
+    matches = console.matches_by_site_and_list(Notification.objects.order_by("-created_at"), shown=shown)
+    assert (matches.total, matches.page_only, matches.sites) == (2, True, [("plant-a", 1), ("plant-b", 1)])
+
+
+def test_matches_too_slow_to_count_are_those_of_the_page(client, worker, monkeypatch):
+    from notifications import console
+
+    for _ in range(3):
+        make_notification(status=Status.PARKED, source_site_id="plant-b")
+    monkeypatch.setattr(console.db, "run_within", lambda read, milliseconds: None)
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    content = client.get(OUTBOX, {"status": "Parked"}).content.decode()
+    assert "Matches on this page: 3</h2>" in content and "Counting all the matches would take too long" in content
+
+
+def tiles(content: str) -> dict[str, tuple[str, str]]:
+    """Each tile of the outbox page: ``{tile id: (link, value)}``."""
+    found = re.findall(r'id="kpi-([a-z-]+)" href="([^"]*)"><span class="outbox-tile-value">([^<]*)</span>', content)
+    return {name: (html.unescape(link), value) for name, link, value in found}
+
+
+@pytest.fixture
+def spread(worker):
+    """Rows of two sites, three lists, two channels and every tile's kind."""
+    make_notification(source_site_id="plant-a", list_name="Line-3")
+    make_notification(source_site_id="plant-a", list_name="Line-3", age=timedelta(minutes=30))  # stuck
+    make_notification(status=Status.PARKED, source_site_id="plant-a", list_name="Line-3")
+    make_notification(status=Status.DELIVERED, source_site_id="plant-a", list_name="Line-3", targets_refused=1)
+    make_notification(status=Status.DELIVERED, source_site_id="plant-a", list_name="Boilers", asks_ack=True)
+    for _ in range(3):
+        make_notification(source_site_id="plant-b", list_name="Boilers")
+    make_notification(status=Status.PARKED, source_site_id="plant-b", list_name="Boilers", expired_at=timezone.now())
+    make_notification(source_site_id="plant-b", list_name="Pumps", type="webhook", priority=Notification.Priority.HIGH)
+    make_notification(source_site_id="plant-b", list_name="Pumps", age=timedelta(days=3))
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        # (filters, {tile: value}) — every other tile of the eight is checked too, via the kpis.
+        ({"site": "plant-a"}, {"queue-depth": "2", "stuck": "1", "parked": "1", "delivered": "2", "partial": "1"}),
+        ({"list": "Boilers"}, {"queue-depth": "3", "parked": "1", "expired": "1", "delivered": "1", "stuck": "0"}),
+        ({"type": "webhook"}, {"queue-depth": "1", "parked": "0", "delivered": "0"}),
+        ({"status": "Parked"}, {"queue-depth": "0", "parked": "2", "expired": "1"}),
+        ({"priority": "high"}, {"queue-depth": "1", "stuck": "0", "parked": "0"}),
+        ({"created_within": "1h"}, {"queue-depth": "6", "stuck": "1", "parked": "2"}),
+        ({"site": "plant-b", "q": "Pump"}, {"queue-depth": "5", "expired": "1", "unacknowledged": "0"}),
+    ],
+)
+def test_the_tiles_follow_the_filters(client, spread, query, expected):
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    everything = tiles(client.get(OUTBOX).content.decode())
+    assert everything["queue-depth"][1] == "7" and everything["queue-depth"][0].endswith("?status=queued")
+    assert 'id="kpi-by-priority"' in client.get(OUTBOX).content.decode()
+    content = client.get(OUTBOX, query).content.decode()
+    shown = tiles(content)
+    assert {name: shown[name][1] for name in expected} == expected
+    # Each tile's link keeps the filters and adds its own.
+    for name, value in query.items():
+        if name != "status":
+            assert f"{name}={value}" in shown["queue-depth"][0]
+    assert "status=queued" in shown["queue-depth"][0] and "status=Parked" in shown["parked"][0]
+    assert 'id="kpi-filtered-note"' in content and 'id="kpi-per-site-filtered"' in content
+    # The queue by priority counts every notification: not beside tiles that count the matches.
+    assert 'id="kpi-by-priority"' not in content
+
+
+def test_the_per_site_table_follows_the_filters(client, spread):
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    content = client.get(OUTBOX, {"list": "Line-3"}).content.decode()
+    table = re.search(r'id="kpi-per-site-filtered">.*?<tbody>(.*?)</tbody>', content, re.S)
+    assert table
+    rows = re.findall(r"<tr>\s*<th>([^<]+)</th>(.*?)</tr>", table[1], re.S)
+    assert [site for site, _ in rows] == ["plant-a"]  # plant-b has no row on Line-3
+    cells = re.findall(r"<td>([^<]*)</td>", rows[0][1])
+    # queue depth, stuck, parked, expired, delivered, of which partially, oldest pending, unacknowledged
+    assert cells[:6] == ["2", "1", "1", "0", "1", "1"] and cells[6].startswith("30 min") and cells[7] == "0"
+    unfiltered = client.get(OUTBOX).content.decode()
+    assert 'id="kpi-per-site-filtered"' not in unfiltered and 'id="kpi-filtered-note"' not in unfiltered
+
+
+def test_a_tile_over_the_cap_says_so_and_one_not_counted_in_time_says_that(client, spread, monkeypatch):
+    from notifications.admin import tiles as tile_figures
+
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    monkeypatch.setattr(tile_figures, "FILTERED_COUNT_MAX", 2)
+    content = client.get(OUTBOX, {"site": "plant-b"}).content.decode()
+    assert tiles(content)["queue-depth"][1] == "2+" and tiles(content)["parked"][1] == "1"
+    assert "(“10,000+”: more than that)" in content
+    monkeypatch.setattr(tile_figures.db, "run_within", lambda read, milliseconds: None)
+    content = client.get(OUTBOX, {"site": "plant-b"}).content.decode()
+    assert tiles(content)["queue-depth"][1] == "—" and tiles(content)["oldest"][1] == "—"
+    assert "not counted within the page's time budget" in content
 
 
 def test_the_trends_follow_the_chosen_time_zone(client, worker):

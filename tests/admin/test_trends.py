@@ -1,5 +1,6 @@
-"""Hourly trends on the dashboard: delivered / parked / failed per hour over 24 h and 7 d, in
-total, by site and by channel, drawn as server-side SVG with a sparkline on the tiles."""
+"""Hourly trends on the dashboard: delivered / delivered partially / parked / failed per hour
+over 24 h and 7 d, in total, by site and by channel, drawn as server-side SVG with a sparkline
+on the tiles."""
 
 import re
 from datetime import timedelta
@@ -43,6 +44,20 @@ def history():
             notification=failing, started_at=at(hours_ago, now), outcome="transient", failure_class="connection"
         )
     DeliveryAttempt.objects.create(notification=failing, started_at=at(1, now), outcome="success")
+    # Delivered to 2 of 3, one mailbox unknown: an attempt failed for the third while the two
+    # had it (not an outage), then the third refused it for good.
+    partial = make_notification(
+        status=Status.DELIVERED, source_site_id="plant-b", delivered_at=at(2, now), age=timedelta(hours=3)
+    )
+    Notification.objects.filter(pk=partial.pk).update(targets_refused=1)
+    DeliveryAttempt.objects.create(
+        notification=partial,
+        started_at=at(3, now),
+        outcome="transient",
+        failure_class="provider_error",
+        targets_delivered=2,
+    )
+    DeliveryAttempt.objects.create(notification=partial, started_at=at(2, now), outcome="success", targets_delivered=2)
     return now
 
 
@@ -52,22 +67,31 @@ def test_24_hours_counts_each_metric_in_its_hour(history):
     overall = trends.overall
     assert overall.counts["delivered"][23] == 2  # this hour
     assert overall.counts["delivered"][20] == 1  # 3 hours ago
-    assert overall.total("delivered") == 3
+    assert overall.counts["delivered"][21] == 1  # the partial delivery, 2 hours ago
+    assert overall.total("delivered") == 4
+    assert overall.counts["partial"][21] == 1 and overall.total("partial") == 1
     assert overall.counts["parked"][21] == 1 and overall.total("parked") == 1  # the other parked 50 h ago
+    # The attempt that failed inside the partial delivery is not a failure of the chart.
     assert overall.counts["failed"][22] == 2 and overall.total("failed") == 2
-    # Largest volume first; ties by name (each site has two events here).
-    assert list(trends.by_site) == ["plant-a", "plant-b", "plant-c"]
+    assert overall.counts["failed_partial"][20] == 1 and overall.total("failed_partial") == 1
+    # Largest volume first; ties by name.
+    assert list(trends.by_site) == ["plant-b", "plant-a", "plant-c"]
     assert trends.by_site["plant-a"].total("delivered") == 2
-    assert trends.by_site["plant-b"].total("delivered") == 1
+    assert trends.by_site["plant-b"].total("delivered") == 2
+    assert trends.by_site["plant-b"].total("partial") == 1
+    assert trends.by_site["plant-a"].total("partial") == 0
     assert trends.by_site["plant-b"].total("parked") == 1
+    assert trends.by_site["plant-b"].total("failed") == 0
     assert trends.by_site["plant-c"].total("failed") == 2
-    assert trends.by_channel["email"].total("delivered") == 3
+    assert trends.by_channel["email"].total("delivered") == 4
+    assert trends.by_channel["email"].total("partial") == 1
 
 
 def test_7_days_reaches_further_back(history):
     trends = trends_compute(range_name="7d", now=history)
     assert trends.hours == 168
-    assert trends.overall.total("delivered") == 4  # 200 h ago is outside
+    assert trends.overall.total("delivered") == 5  # 200 h ago is outside
+    assert trends.overall.total("partial") == 1
     assert trends.overall.total("parked") == 2
     assert trends.overall.total("failed") == 3
     with pytest.raises(ValueError, match="Unknown trend range '1y'"):
@@ -77,15 +101,22 @@ def test_7_days_reaches_further_back(history):
 def test_dashboard_draws_the_charts_and_tile_sparklines(operator_client, history):
     content = operator_client.get(reverse("admin:index")).content.decode()
     assert 'id="outbox-trends"' in content
-    for metric in ("delivered", "parked", "failed"):
+    for metric in ("delivered", "partial", "parked", "failed"):
         assert f'class="outbox-chart outbox-chart-{metric}"' in content
-    assert 'aria-label="Delivered per hour, last 24 hours: 3 in total, peak 2 at ' in content
+    assert 'aria-label="Delivered per hour, last 24 hours: 4 in total, peak 2 at ' in content
+    assert 'aria-label="Delivered partially per hour, last 24 hours: 1 in total, peak 1 at ' in content
+    assert 'aria-label="Failed per hour, last 24 hours: 2 in total, peak 2 at ' in content
+    # The failed chart says what it leaves out, and the legend what each series counts.
+    note = re.search(r'id="trend-failed-note">(.*?)</span>', content, re.S)
+    assert note and "not counted: 1 that failed for some recipients while others had it" in note[1]
+    assert "Delivered partially: of those, the ones some recipient refused for good" in content
+    assert '<th scope="col">delivered partially</th>' in content
     assert re.search(r'id="kpi-parked".*?<svg class="outbox-spark outbox-spark-parked"', content, re.S)
     assert 'id="trends-by-site"' in content and '<th scope="row">plant-c</th>' in content
     assert 'id="trends-by-channel"' in content
     week = operator_client.get(reverse("admin:index") + "?trends=7d").content.decode()
     assert "Trends, last 7 days" in week
-    assert 'aria-label="Delivered per hour, last 7 days: 4 in total' in week
+    assert 'aria-label="Delivered per hour, last 7 days: 5 in total' in week
     # An unknown range falls back to 24 hours rather than failing.
     assert "Trends, last 24 hours" in operator_client.get(reverse("admin:index") + "?trends=bogus").content.decode()
 

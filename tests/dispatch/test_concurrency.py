@@ -76,6 +76,8 @@ def test_a_killed_dispatcher_loses_nothing_and_duplicates_only_what_was_in_fligh
     duplicates = {notification_id for notification_id, n in counts.items() if n > 1}
     assert all(counts[notification_id] == 2 for notification_id in duplicates)
     assert duplicates <= in_flight
-    # At most what the 4 threads had sent, plus what they finished while a result was being recorded.
-    assert len(in_flight) <= 8
+    # At most what the 4 threads had sent, plus what they finished while results were being
+    # recorded: a delivery takes 50 ms here, so a recording transaction that a busy machine
+    # (or PgBouncer) stretches to 150 ms lets each thread finish up to three more meanwhile.
+    assert len(in_flight) <= 4 * 4
     print(f"killed after {len(received_at_kill)} received; in flight {len(in_flight)}; duplicates {len(duplicates)}")

@@ -56,10 +56,11 @@ def _hour(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def _keys(row: Notification) -> list[tuple[datetime | None, str, str, str, bool]]:
+def _keys(row: Notification) -> list[tuple[datetime | None, str, str, str, bool, bool]]:
     """A row's keys as the triggers compute them (notifications.counts.KEYS_SQL), in Python:
     its totals key (bucket None) and its bucketed key (none for Discarded)."""
-    rest = (row.status, row.source_site_id, row.type, row.expired_at is not None)
+    partial = row.status == Status.DELIVERED and row.targets_refused > 0
+    rest = (row.status, row.source_site_id, row.type, row.expired_at is not None, partial)
     if row.status == Status.DELIVERED:
         bucket = _hour(row.delivered_at or row.created_at)
     elif row.status == Status.PARKED:
@@ -80,21 +81,28 @@ def kept() -> Counter:
     sums: Counter = Counter()
     for c in NotificationCount.objects.all():
         bucket = None if c.bucket is None else c.bucket.astimezone(UTC)
-        sums[(bucket, c.status, c.source_site_id, c.type, c.expired)] += c.n
+        sums[(bucket, c.status, c.source_site_id, c.type, c.expired, c.partial)] += c.n
     return +sums  # keys whose changes sum to 0 hold no rows
 
 
 def failed_live() -> Counter:
     failed = DeliveryAttempt.objects.exclude(failure_class="").select_related("notification")
     return Counter(
-        (_hour(a.started_at), a.notification.source_site_id, a.notification.type, a.failure_class) for a in failed
+        (
+            _hour(a.started_at),
+            a.notification.source_site_id,
+            a.notification.type,
+            a.failure_class,
+            a.targets_delivered > 0,
+        )
+        for a in failed
     )
 
 
 def failed_kept() -> Counter:
     sums: Counter = Counter()
     for c in FailedAttemptCount.objects.all():
-        sums[(c.bucket.astimezone(UTC), c.source_site_id, c.type, c.failure_class)] += c.n
+        sums[(c.bucket.astimezone(UTC), c.source_site_id, c.type, c.failure_class, c.partial)] += c.n
     return +sums
 
 
@@ -115,16 +123,31 @@ def assert_exact():
     for hours in (24, 24 * 7):
         start = _hour(now) - timedelta(hours=hours - 1)
         counted = [Counter(trends._indexed(rows, start)) for rows in trends._counted_rows(start)]
-        assert [Counter(hourly_counts(status, start)) for status in (Status.DELIVERED, Status.PARKED)] == counted
+        assert [
+            Counter(hourly_counts(Status.DELIVERED, start)),
+            Counter(hourly_counts(Status.DELIVERED, start, partial=True)),
+            Counter(hourly_counts(Status.PARKED, start)),
+        ] == counted
         failed = DeliveryAttempt.objects.exclude(failure_class="").filter(started_at__gte=start)
-        assert Counter({(h, site, channel): n for h, site, channel, n in failed_hourly_counts(start)}) == Counter(
-            (
-                int((_hour(a.started_at) - start).total_seconds() // 3600),
-                a.notification.source_site_id,
-                a.notification.type,
+        by_partial = {
+            None: failed,
+            True: failed.filter(targets_delivered__gt=0),
+            False: failed.filter(targets_delivered=0),
+        }
+        for partial, attempts in by_partial.items():
+            assert Counter(
+                {(h, site, channel): n for h, site, channel, n in failed_hourly_counts(start, partial=partial)}
+            ) == Counter(
+                (
+                    int((_hour(a.started_at) - start).total_seconds() // 3600),
+                    a.notification.source_site_id,
+                    a.notification.type,
+                )
+                for a in attempts.select_related("notification")
             )
-            for a in failed.select_related("notification")
-        )
+        assert {metric: Counter(rows) for metric, rows in trends._kept_rows(start).items()} == {
+            metric: Counter(rows) for metric, rows in trends._counted_series(start).items()
+        }
 
 
 @pytest.fixture
@@ -143,7 +166,14 @@ def history(postgres_only):
         rows += [
             make(Status.PENDING, age=timedelta(minutes=i), site=site, channel=channel),
             make(Status.RETRYING, age=timedelta(minutes=3 * i), site=site, retry_count=1),
-            make(Status.DELIVERED, age=age, site=site, channel=channel, delivered_at=now - age + timedelta(seconds=3)),
+            make(
+                Status.DELIVERED,
+                age=age,
+                site=site,
+                channel=channel,
+                delivered_at=now - age + timedelta(seconds=3),
+                targets_refused=int(i % 3 == 0),  # delivered partially: one target refused it for good
+            ),
             make(
                 Status.PARKED,
                 age=age,
@@ -165,6 +195,8 @@ def history(postgres_only):
                     started_at=now - timedelta(hours=i % 200, minutes=(13 * i) % 60),
                     outcome="transient" if failed else "success",
                     failure_class=("connection", "timeout")[i % 2] if failed else "",
+                    # Some failed while other targets had it (a partial delivery), the rest reached none.
+                    targets_delivered=2 if i % 10 == 1 else 0,
                 )
             )
     DeliveryAttempt.objects.bulk_create(attempts)
@@ -207,6 +239,43 @@ def test_attempts_that_fail_or_are_finished_change_the_failed_counts_exactly(his
     DeliveryAttempt.objects.filter(id__in=list(some)).update(failure_class="", started_at=timezone.now())
     assert_exact()
     DeliveryAttempt.objects.filter(id__in=list(first)[:5]).delete()
+    assert_exact()
+    # An attempt recorded as failing while other targets had it moves to the partial key.
+    DeliveryAttempt.objects.filter(id__in=list(first)[5:15]).update(targets_delivered=1)
+    assert FailedAttemptCount.objects.filter(partial=True, folded=False).exists()
+    assert_exact()
+
+
+def test_a_row_delivered_partially_counts_in_keys_of_its_own(history):
+    partial_keys = NotificationCount.objects.filter(partial=True)
+    assert partial_keys.exists() and set(partial_keys.values_list("status", flat=True)) == {Status.DELIVERED}
+    before = sum(partial_keys.filter(bucket__isnull=True).values_list("n", flat=True))
+    row = next(row for row in history if row.status == Status.DELIVERED and not row.targets_refused)
+    Notification.objects.filter(pk=row.pk).update(targets_refused=2)
+    counts_fold()
+    assert sum(partial_keys.filter(bucket__isnull=True).values_list("n", flat=True)) == before + 1
+    assert_exact()
+
+
+def test_the_migration_moves_rows_delivered_partially_to_their_keys_without_a_recount(history):
+    """0036 on a table counted before it: the functions as 0017 left them and every row in a
+    key without ``partial``; installing moves the refused rows' counts, nothing else."""
+    from notifications.counts import counts_partial_install, counts_partial_uninstall
+
+    assert FailedAttemptCount.objects.filter(partial=True).exists()
+    with connection.schema_editor() as editor:
+        counts_partial_uninstall(editor)
+    assert not NotificationCount.objects.filter(partial=True).exists()
+    assert not FailedAttemptCount.objects.filter(partial=True).exists()
+    DeliveryAttempt.objects.update(targets_delivered=0)  # no attempt recorded it before 0036
+    Notification.objects.filter(status=Status.PENDING, source_site_id="plant-0").update(status=Status.PARKED)
+    assert not NotificationCount.objects.filter(partial=True).exists()  # the old function ignores it
+    with connection.schema_editor() as editor:
+        counts_partial_install(editor)
+    assert_exact()
+    Notification.objects.filter(status=Status.DELIVERED, targets_refused=0, source_site_id="plant-1").update(
+        targets_refused=1
+    )
     assert_exact()
 
 

@@ -210,7 +210,10 @@ def test_a_login_that_waits_too_long_for_a_password_check_is_asked_to_retry_and_
     assert answer.status_code == 200
     assert refusal(answer) == "The console is busy checking other logins. Try again in a few seconds."
     assert not AccessAttempt.objects.exists()
-    again = attempt("203.0.113.7", "olivia", PASSWORD)
+    # The check runs at the lowest CPU priority: on a machine whose cores are busy with other
+    # work (other test processes) it may take longer than the 2 s the first attempt waited.
+    with override_settings(OUTBOX_PASSWORD_HASH_WAIT=60.0):
+        again = attempt("203.0.113.7", "olivia", PASSWORD)
     assert again.status_code == 302, refusal(again)
 
 

@@ -84,5 +84,5 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("notifications", "0035_console_recipient_search_index")]
+    dependencies = [("notifications", "0036_partial_delivery_counts")]
     operations = [migrations.RunPython(create, drop)]
