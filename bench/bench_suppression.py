@@ -13,12 +13,14 @@ no window, no key), in alternating rounds:
 
 The silences match none of the traffic and every key is distinct, so the same rows are stored
 and delivered either way: what differs is the work suppression adds (reading and matching the
-rules, the list's lock and the anchor lookup at ingest; the digest check and the held-row
-condition at dispatch). Each figure is the best of its rounds (the round least disturbed by
-other load on the machine). Target: on ≥ 0.9 × off, for ingest and for dispatch.
+rules, and the duplicate decision — the list's lock and the anchor's lookup, in the insert's
+statement — at ingest; the digest check and the held-row condition at dispatch). Each figure
+is the best of its rounds (the round least disturbed by other load on the machine; five by
+default, because a two-core machine shared with other work swings by half between rounds).
+Target: on ≥ 0.9 × off, for ingest and for dispatch.
 
-Writes bench-results/suppression.json. Usage: python bench/bench_suppression.py [--seconds 5]
-[--clients 4] [--rounds 2] [--processes 2] [--concurrency 8]
+Writes bench-results/suppression.json. Usage: python bench/bench_suppression.py [--count 500]
+[--rounds 5] [--seconds 3] [--clients 4] [--workers 3] [--processes 2] [--concurrency 8]
 """
 
 import argparse
@@ -158,7 +160,7 @@ def dispatch_phase(url: str, processes: int, concurrency: int) -> dict[str, Any]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=500, help="notifications per ingest and dispatch round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0, help="HTTP ingest: seconds per phase")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--workers", type=int, default=3)

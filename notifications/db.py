@@ -413,11 +413,8 @@ def insert_ignoring_conflicts(
     assert pk is not None
     if connection.vendor == "postgresql":
         sql, default_params = _postgresql_insert(model, submitted, tuple(stamped), tuple(stamped_if_null))
-        # The rows travel as one JSON document expanded by jsonb_to_recordset: binding every
-        # value of every row as its own parameter costs more than the insert itself.
-        document = json.dumps(list(rows), default=_json_value, ensure_ascii=False)
         with connection.cursor() as cursor:
-            cursor.execute(sql, [*default_params, document])
+            cursor.execute(sql, [*default_params, rows_document(rows)])
             return {pk.to_python(key): stamp for key, stamp in cursor.fetchall()}
 
     now = timezone.now()
@@ -442,14 +439,48 @@ def insert_ignoring_conflicts(
         return {pk.to_python(key): now for (key,) in cursor.fetchall()}
 
 
+def rows_document(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``rows`` as the JSON document the PostgreSQL insert reads (jsonb_to_recordset): binding
+    every value of every row as its own parameter costs more than the insert itself."""
+    return json.dumps(list(rows), default=_json_value, ensure_ascii=False)
+
+
+def insert_ignoring_conflicts_sql(
+    model: type[Model],
+    submitted: tuple[str, ...],
+    *,
+    stamped: tuple[str, ...] = (),
+    stamped_if_null: tuple[str, ...] = (),
+    computed: tuple[tuple[str, str], ...] = (),
+    joined: str = "",
+    returning: tuple[str, ...] = (),
+) -> tuple[str, list[Any]]:
+    """PostgreSQL: the statement :func:`insert_ignoring_conflicts` runs, for rows with the
+    attributes ``submitted``, with more in it: it returns ``(pk, statement_timestamp(),
+    *returning)`` of each row inserted (``returning``: SQL of the inserted row's columns).
+    ``computed`` pairs an attribute with the SQL of its value, which replaces the submitted or
+    default one: it may name the row's submitted values as ``r.<column>`` and whatever
+    ``joined`` brings in (it follows the rows in the FROM clause: ``CROSS JOIN f(%s) AS d WHERE
+    …``). Its parameters: the returned list, :func:`rows_document` of the rows, then those of
+    ``joined``. Built once per shape."""
+    return _postgresql_insert(model, submitted, stamped, stamped_if_null, computed, joined, returning)
+
+
 @cache
 def _postgresql_insert(
-    model: type[Model], submitted: tuple[str, ...], stamped: tuple[str, ...], stamped_if_null: tuple[str, ...]
+    model: type[Model],
+    submitted: tuple[str, ...],
+    stamped: tuple[str, ...],
+    stamped_if_null: tuple[str, ...],
+    computed: tuple[tuple[str, str], ...] = (),
+    joined: str = "",
+    returning: tuple[str, ...] = (),
 ) -> tuple[str, list[Any]]:
     """The INSERT … SELECT FROM jsonb_to_recordset statement and its default-value parameters;
     built once per shape (``db_type()`` per field per request would cost more than the rest of
     the Python side of an ingest)."""
     meta = model._meta
+    expressions = dict(computed)
     quote = connection.ops.quote_name
     by_name = {f.attname: f for f in meta.concrete_fields}
     unknown = sorted(set(submitted) - set(by_name))
@@ -459,7 +490,9 @@ def _postgresql_insert(
     selects, params = [], []
     for field in meta.concrete_fields:
         column = f"r.{_column(field)}"
-        if field.attname in stamped:
+        if field.attname in expressions:
+            selects.append(expressions[field.attname])
+        elif field.attname in stamped:
             selects.append("statement_timestamp()")
         elif field.attname in submitted:
             selects.append(f"COALESCE({column}, statement_timestamp())" if field.attname in stamped_if_null else column)
@@ -472,8 +505,8 @@ def _postgresql_insert(
     pk = _column(meta.pk) if meta.pk else ""
     sql = (
         f"INSERT INTO {quote(meta.db_table)} ({', '.join(_column(f) for f in meta.concrete_fields)}) "
-        f"SELECT {', '.join(selects)} FROM jsonb_to_recordset(%s::jsonb) AS r({record}) "
-        f"ON CONFLICT ({pk}) DO NOTHING RETURNING {pk}, statement_timestamp()"
+        f"SELECT {', '.join(selects)} FROM jsonb_to_recordset(%s::jsonb) AS r({record}) {joined} "
+        f"ON CONFLICT ({pk}) DO NOTHING RETURNING {', '.join((pk, 'statement_timestamp()', *returning))}"
     )
     return sql, params
 

@@ -40,6 +40,7 @@ from notifications.models import PRIORITY_NAMES, Notification
 from notifications.providers import notification_targets
 from notifications.suppression import (
     list_decisions,
+    row_duplicate_insert,
     rows_need_lock,
     rows_silence,
     rows_suppression_columns,
@@ -496,6 +497,14 @@ def _rows_insert(
         inserted.update(_insert(plain[start : start + INSERT_CHUNK], escalating=escalating))
     for folded, list_name in locked_lists.items():
         group = [row for row in rows if row["list_name"].casefold() == folded]
+        if len(group) == 1:
+            # One notification with a key: decided and inserted in one statement where it can be.
+            alone = row_duplicate_insert(
+                site_id=site_id, row=group[0], escalate_after=escalating.get(group[0]["notification_id"])
+            )
+            if alone is not None:
+                inserted.update(alone)
+                continue
         inserted.update(_insert_deciding(site_id=site_id, list_name=list_name, rows=group, escalating=escalating))
     return inserted
 

@@ -20,6 +20,9 @@ flood; a duplicate is not counted in a flood. Decisions that depend on earlier r
 floods) are taken under a transaction-level lock of the site and list (PostgreSQL: an advisory
 lock; SQLite: its IMMEDIATE transactions serialise writers), in the transaction that inserts
 the rows, so two concurrent ingests of one key neither lose a count nor both become anchors.
+On PostgreSQL the commonest case — one notification with a key, to a list without a flood
+threshold — is decided in the statement that inserts it (:func:`row_duplicate_insert`), holding
+the list's lock shared and its key's alone.
 """
 
 import hashlib
@@ -38,6 +41,7 @@ from django.db.models import Count, F, Min, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from notifications import db
 from notifications.acknowledgement import ListSettings, asks_ack
 from notifications.db import database_now
 from notifications.escalation import escalation_first_after, notifications_escalation_start
@@ -247,13 +251,28 @@ def suppression_lock(*, site_id: str, list_name: str) -> datetime:
     round trip: ingest pays for every one)."""
     if connection.vendor != "postgresql":
         return database_now()
-    key = zlib.crc32(f"outbox-suppression\x00{site_id}\x00{list_name.casefold()}".encode())
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT statement_timestamp() FROM (SELECT pg_advisory_xact_lock(%s, %s)) AS locked",
-            [0x0B0C, key - (1 << 31)],
+            [LOCK_CLASS, _lock_key(site_id=site_id, list_name=list_name)],
         )
         return cursor.fetchone()[0]
+
+
+# The advisory lock of one site's list: (LOCK_CLASS, _lock_key). outbox_duplicate_anchor
+# (migration 0037) takes it shared, and the lock of the list's key (class 0x0B0D) alone: the
+# transaction that holds the list's lock excludes every one-statement decision of its keys,
+# which exclude each other only per key.
+LOCK_CLASS = 0x0B0C
+
+
+def _lock_key(*, site_id: str, list_name: str, dedup_key: str | None = None) -> int:
+    """The advisory lock's key of a site's list, or of one of its dedup keys (two keys that
+    hash alike share a lock: they only wait for each other)."""
+    name = f"outbox-suppression\x00{site_id}\x00{list_name.casefold()}"
+    if dedup_key is not None:
+        name += f"\x00{dedup_key}"
+    return zlib.crc32(name.encode()) - (1 << 31)
 
 
 @dataclass
@@ -371,6 +390,82 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
     """The decision maker for one site's list; call under :func:`suppression_lock`."""
     rules = _rules_now(now).lists[list_name.casefold()]
     return _ListDecisions(site_id=site_id, rules=rules, now=now)
+
+
+# --- one notification with a key, in one statement (PostgreSQL) ---------------------------------
+
+# The ingest of one notification with a dedup_key (the commonest keyed request): the decision
+# of _ListDecisions._duplicate in one statement instead of a transaction of five round trips
+# (the lock, the anchor's lookup, the insert, the count, COMMIT). It is insert_ignoring_conflicts'
+# own INSERT, joined with outbox_duplicate_anchor (migration 0037), which takes the list's lock
+# shared and its key's alone, then looks the anchor up afresh (the rule is there, in SQL); the
+# row stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted
+# (a replay stores nothing).
+_DUPLICATE_DECIDED = "CROSS JOIN outbox_duplicate_anchor(%s, %s, %s, %s, %s, %s, %s) AS d(anchor_id)"
+# The new row's columns the decision sets: a duplicate is Suppressed and never due.
+_DUPLICATE_COLUMNS = (
+    ("status", f"CASE WHEN d.anchor_id IS NULL THEN r.status ELSE '{Status.SUPPRESSED}' END"),
+    ("suppressed_by", "CASE WHEN d.anchor_id IS NULL THEN r.suppressed_by ELSE 'duplicate:' || d.anchor_id END"),
+    ("next_attempt_at", "CASE WHEN d.anchor_id IS NULL THEN COALESCE(r.next_attempt_at, statement_timestamp()) END"),
+)
+# A row whose list escalates it (the seconds to its first step joined in): it starts its
+# escalation unless it is a duplicate (a shape of its own, so that the others plan less).
+_ESCALATING_DECIDED = f"{_DUPLICATE_DECIDED} CROSS JOIN (SELECT CAST(%s AS integer) AS after_seconds) AS e"
+_ESCALATING_COLUMNS = (
+    *_DUPLICATE_COLUMNS,
+    (
+        "escalation_due_at",
+        "CASE WHEN d.anchor_id IS NULL THEN statement_timestamp() + make_interval(secs => e.after_seconds) END",
+    ),
+    ("escalation_step", "CASE WHEN d.anchor_id IS NULL THEN 0 END"),
+)
+# Only a suppressed row (a duplicate) counts on its anchor: the function reads it afresh too.
+_DUPLICATE_COUNTED = (f"CASE WHEN status = '{Status.SUPPRESSED}' THEN outbox_duplicate_count(suppressed_by) END",)
+
+
+def row_duplicate_insert(
+    *, site_id: str, row: dict[str, Any], escalate_after: int | None
+) -> dict[Any, datetime] | None:
+    """Insert one new ``row`` with a ``dedup_key`` to a list with a dedup window and no flood
+    threshold, deciding in the same statement, under its key's lock, whether it is a duplicate
+    (then it is stored Suppressed, and ``row`` says so) and counting it on its anchor:
+    ``{id: ingest time}`` when it was inserted, ``{}`` for a replay. ``escalate_after``: seconds
+    to its first escalation step if it is sent. None when it is not for this (not PostgreSQL,
+    no key, a flood threshold): the caller decides it in a transaction (:func:`list_decisions`)."""
+    if connection.vendor != "postgresql" or row["status"] == Status.SUPPRESSED or not row.get("dedup_key"):
+        return None
+    rules = _rules_now(timezone.now()).lists.get(row["list_name"].casefold())
+    if rules is None or not rules.dedup_window_seconds or rules.flood_threshold:
+        return None
+    escalating = escalate_after is not None
+    sql, params = db.insert_ignoring_conflicts_sql(
+        Notification,
+        tuple(row),
+        stamped=("created_at",),
+        stamped_if_null=("site_enqueued_at",),
+        computed=_ESCALATING_COLUMNS if escalating else _DUPLICATE_COLUMNS,
+        joined=_ESCALATING_DECIDED if escalating else _DUPLICATE_DECIDED,
+        returning=_DUPLICATE_COUNTED,
+    )
+    decided = [
+        site_id,
+        row["list_name"],
+        row["dedup_key"],
+        row["priority"],
+        rules.dedup_window_seconds,
+        _lock_key(site_id=site_id, list_name=row["list_name"]),
+        _lock_key(site_id=site_id, list_name=row["list_name"], dedup_key=row["dedup_key"]),
+        *([escalate_after] if escalating else []),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, db.rows_document([row]), *decided])
+        stored = cursor.fetchone()
+    if stored is None:
+        return {}  # a replay: nothing stored, nothing counted
+    inserted_id, stamp, anchor_id = stored
+    if anchor_id is not None:
+        _suppress(row, f"duplicate:{anchor_id}")
+    return {inserted_id: stamp}
 
 
 # --- flood digests ------------------------------------------------------------------------------

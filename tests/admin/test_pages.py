@@ -12,6 +12,7 @@ from django.contrib.messages import get_messages
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from notifications.admin import outbox as outbox_admin
 from notifications.models import DeliveryAttempt, EmailRecipient, Notification, NotificationList, SmtpConfiguration
@@ -167,6 +168,18 @@ def test_dashboard_shows_headline_tiles_linking_to_the_filtered_outbox(operator_
     assert f'id="kpi-parked" href="{OUTBOX}?status=Parked"' in content
     assert re.search(r'id="kpi-parked"[^>]*><span class="outbox-tile-value">1<', content)
     assert re.search(r'id="kpi-stuck"[^>]*><span class="outbox-tile-value">1<', content)
+
+
+def test_dashboard_shows_the_suppressed_and_held_for_digest_figure_linking_to_the_suppressed_rows(operator_client):
+    make_notification(status=Status.SUPPRESSED, suppressed_by="silence:1")
+    make_notification(status=Status.SUPPRESSED, suppressed_by="duplicate:x", age=timedelta(days=30))  # long ago
+    make_notification(status=Status.PENDING, held_for_digest=timezone.now() + timedelta(minutes=1))
+    content = operator_client.get(reverse("admin:index")).content.decode()
+    assert f'id="kpi-suppressed" href="{OUTBOX}?status=Suppressed"' in content
+    assert re.search(r'id="kpi-suppressed"[^>]*><span class="outbox-tile-value">1<', content)
+    assert '<span id="kpi-held">1 held for digest</span>' in content
+    Notification.objects.filter(held_for_digest__isnull=False).update(held_for_digest=None)
+    assert 'id="kpi-held"' not in operator_client.get(reverse("admin:index")).content.decode()
 
 
 def test_dashboard_hides_tiles_from_staff_who_cannot_view_notifications(client, db):

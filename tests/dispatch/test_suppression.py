@@ -11,10 +11,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from notifications import ingest
+from notifications.acknowledgement import list_settings_forget
 from notifications.clock import database_now
 from notifications.dispatch.claim import dispatch_wake_at
 from notifications.models import FloodWindow, MaintenanceWindow, Notification, NotificationList, Silence
@@ -89,9 +92,23 @@ def plant_b_api(db):
     return client
 
 
+@pytest.fixture(params=["in one statement", "in a transaction"])
+def dedup_path(request, monkeypatch, db):
+    """The two ways a duplicate is decided: one notification with a key in one statement
+    (PostgreSQL), or under the list's lock in a transaction (batches, flood lists, SQLite); a
+    test using this fixture runs with each, and every single post takes the one given."""
+    if request.param == "in one statement":
+        if connection.vendor != "postgresql":
+            pytest.skip("one statement is PostgreSQL's way; SQLite decides in a transaction")
+    else:
+        monkeypatch.setattr(ingest, "row_duplicate_insert", lambda **kwargs: None)
+    return request.param
+
+
 # --- duplicates ---------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("dedup_path")
 def test_200_with_one_dedup_key_inside_the_window_send_one_email_and_count_200_occurrences(
     api, smtp_server, smtp_config
 ):
@@ -115,6 +132,7 @@ def test_200_with_one_dedup_key_inside_the_window_send_one_email_and_count_200_o
     assert record["dedup_key"] == "pump-3-trip"
 
 
+@pytest.mark.usefixtures("dedup_path")
 def test_a_duplicate_is_answered_suppressed_with_its_reason_and_its_replay_changes_nothing(api, smtp_config):
     list_settings(dedup_window_seconds=3600)
     first = send(api, dedup_key="level-switch")
@@ -134,6 +152,7 @@ def test_a_duplicate_is_answered_suppressed_with_its_reason_and_its_replay_chang
     assert post(api, {**payload, "dedup_key": "other"}).status_code == 422
 
 
+@pytest.mark.usefixtures("dedup_path")
 def test_a_higher_priority_with_the_same_key_is_delivered(api, smtp_server, smtp_config):
     list_settings(dedup_window_seconds=3600)
     send(api, dedup_key="pump-3-trip")
@@ -148,6 +167,7 @@ def test_a_higher_priority_with_the_same_key_is_delivered(api, smtp_server, smtp
 
 
 @pytest.mark.parametrize("ended_by", ["acknowledged_at", "cleared_at"])
+@pytest.mark.usefixtures("dedup_path")
 def test_after_acknowledgement_or_clearing_the_next_one_is_delivered(api, smtp_server, smtp_config, ended_by):
     list_settings(dedup_window_seconds=3600)
     first = send(api, dedup_key="pump-3-trip")
@@ -161,6 +181,7 @@ def test_after_acknowledgement_or_clearing_the_next_one_is_delivered(api, smtp_s
     assert smtp_server.count == 2
 
 
+@pytest.mark.usefixtures("dedup_path")
 def test_once_the_window_has_passed_the_next_one_is_delivered_and_a_suppressed_one_never_anchors(api, smtp_config):
     list_settings(dedup_window_seconds=60)
     first = send(api, dedup_key="k")
@@ -171,6 +192,7 @@ def test_once_the_window_has_passed_the_next_one_is_delivered_and_a_suppressed_o
     assert later["status"] == "Pending"
 
 
+@pytest.mark.usefixtures("dedup_path")
 def test_without_a_window_or_a_key_nothing_is_a_duplicate(api, smtp_config):
     send(api, dedup_key="k")
     assert send(api, dedup_key="k")["status"] == "Pending"
@@ -188,6 +210,7 @@ def test_a_dedup_key_is_validated(api):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("dedup_path")
 def test_concurrent_ingests_of_one_key_lose_no_count_and_make_one_anchor(site_key, postgres_only):
     list_settings(dedup_window_seconds=3600)
     errors = []
@@ -213,6 +236,74 @@ def test_concurrent_ingests_of_one_key_lose_no_count_and_make_one_anchor(site_ke
     assert anchors.count() == 1
     assert anchors.get().occurrences == 60
     assert Notification.objects.filter(status=Status.SUPPRESSED).count() == 59
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_single_posts_and_batches_of_one_key_at_once_lose_no_count_and_make_one_anchor(site_key, postgres_only):
+    # Single posts are decided in one statement, batches in a transaction: under one lock.
+    list_settings(dedup_window_seconds=3600)
+    errors = []
+
+    def poster(batched):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Api-Key {site_key}")
+        try:
+            for _ in range(5):
+                if batched:
+                    payloads = [make_payload(dedup_key="race"), make_payload(dedup_key="race")]
+                    assert post(client, {"notifications": payloads}, BATCH_URL).status_code == 200
+                else:
+                    assert post(client, make_payload(dedup_key="race")).status_code == 201
+                    assert post(client, make_payload(dedup_key="race")).status_code == 201
+        except Exception as error:
+            errors.append(error)
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=poster, args=(number % 2 == 0,)) for number in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    anchor = Notification.objects.get(dedup_key="race", suppressed_by="")
+    assert anchor.occurrences == 60
+    assert set(Notification.objects.filter(status=Status.SUPPRESSED).values_list("suppressed_by", flat=True)) == {
+        f"duplicate:{anchor.pk}"
+    }
+
+
+def test_a_single_notification_with_a_key_is_decided_stored_and_counted_in_one_statement(
+    api, smtp_config, postgres_only
+):
+    list_settings(dedup_window_seconds=3600)
+    first = send(api, dedup_key="pump-3-trip")
+    send(api)  # the rules and lists are read (and kept for a while) by now
+    with CaptureQueriesContext(connection) as statements:
+        duplicate = send(api, dedup_key="pump-3-trip")
+    rules = ("notifications_silence", "notifications_maintenancewindow", "notifications_notificationlist")
+    writes = [q["sql"] for q in statements.captured_queries if not any(name in q["sql"] for name in rules)]
+    assert len(writes) == 1, writes
+    assert duplicate["suppressed_by"] == f"duplicate:{first['notification_id']}"
+    assert row(first).occurrences == 2
+
+
+@pytest.mark.usefixtures("dedup_path")
+def test_a_keyed_notification_sent_starts_its_escalation_and_its_duplicate_does_not(api, smtp_config):
+    NotificationList.objects.create(name="Shift-Leads")
+    list_settings(
+        dedup_window_seconds=3600,
+        ack_required_from="high",
+        escalation=[{"after_seconds": 60, "list": "Shift-Leads", "type": "email"}],
+    )
+    list_settings_forget()
+    first = row(send(api, dedup_key="gas-4", priority="high"))
+    again = row(send(api, dedup_key="gas-4", priority="high"))
+    assert (first.status, first.escalation_step) == (Status.PENDING, 0)
+    assert first.escalation_due_at == first.created_at + timedelta(seconds=60)
+    assert (again.status, again.escalation_step, again.escalation_due_at) == (Status.SUPPRESSED, None, None)
+    assert again.next_attempt_at is None
 
 
 # --- silences and maintenance windows ----------------------------------------------------------
