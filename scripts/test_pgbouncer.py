@@ -25,7 +25,8 @@ from tests.support.pgbouncer import PgBouncer  # noqa: E402
 # dispatchers and operators racing; the shared breaker and rate buckets; the counts kept by
 # triggers (and their transaction-level advisory locks); real workers on the database broker;
 # the idempotent insert and concurrent replays; escalation's due pass under SKIP LOCKED; the
-# duplicates' transaction-level lock under parallel posters. Left to `make test` (they talk to
+# duplicates' locks (transaction-level, taken in one statement or in a transaction) under
+# parallel posters. Left to `make test` (they talk to
 # the database the same way through either): SMTP and HTTP behaviour, the console, the agent,
 # and the slower multi-process tests whose database side the ones here already cover (the
 # two-qcluster drain, escalation with killed workers, the schedules' timing).
@@ -40,6 +41,8 @@ SUITES = [
     "tests/dispatch/test_worker.py",
     "tests/dispatch/test_escalation.py",
     "tests/dispatch/test_suppression.py::test_concurrent_ingests_of_one_key_lose_no_count_and_make_one_anchor",
+    "tests/dispatch/test_suppression.py::test_single_posts_and_batches_of_one_key_at_once_lose_no_count_and_make_one_anchor",
+    "tests/dispatch/test_suppression.py::test_a_single_notification_with_a_key_is_decided_stored_and_counted_in_one_statement",
     # Of ingest, what a transaction decides: the insert, replays and conflicts, batches, paging.
     *(
         f"tests/api/test_ingest.py::{name}"
