@@ -1636,6 +1636,7 @@ def main() -> int:
     print(
         f"\n{len(results) - len(failed) - len(skipped)} of {len(results)} scenarios passed"
         f"{f', {len(skipped)} skipped' if skipped else ''}; wrote {out.relative_to(ROOT)}"
+        f"{'; failed: ' + ', '.join(r['scenario'] for r in failed) if failed else ''}"
     )
     return 1 if failed else 0
 

@@ -288,31 +288,43 @@ class _Pass:
         self.in_flight: dict[Future[Finish], _Batch] = {}
         self.results = _Results()
         self.drained = False  # a claim found fewer rows than asked: nothing more is due (or claimable)
-        self.bug: BaseException | None = None  # a delivery raised: start nothing more, then raise it
+        # Why the pass stops early: a delivery raised (a bug), or the database failed at a claim.
+        # Nothing more starts, the deliveries under way are recorded, then it is raised.
+        self.halt: BaseException | None = None
 
     def run(self, pool: ThreadPoolExecutor) -> None:
         """Claim, deliver and finish until done. A delivery that raised (a bug: adapters'
         failures are results) stops the pass: nothing more starts, the deliveries under way are
-        recorded (the rows not started released), and then it is raised."""
+        recorded (the rows not started released), and then it is raised. So does a database
+        failure while claiming (a restart, a failover) when deliveries are under way: their
+        messages have gone out, and their results are recorded once the database is back
+        (:meth:`_finish_durably`), so that they are not sent again when their lease ends."""
         while True:
             # The next batch is claimed while the threads still have about one delivery each
             # to do, so they never wait for a claim (or for a batch's last, slowest
             # deliveries): a relay's latency, not the batch rhythm, bounds the pace.
             if self._claiming() and len(self.in_flight) <= self.concurrency:
-                self._claim(pool)
+                try:
+                    self._claim(pool)
+                except (OperationalError, InterfaceError) as error:
+                    if not self.in_flight:
+                        raise
+                    logger.warning("database unavailable while claiming; recording the deliveries under way first")
+                    connection.close()
+                    self.halt = error
             elif self.in_flight:
                 self._collect()
             else:
                 break
-        if self.bug is not None:
-            raise self.bug
+        if self.halt is not None:
+            raise self.halt
 
     def close(self) -> None:
         for context in self.contexts.values():
             context.close()
 
     def _claiming(self) -> bool:
-        return not (self.drained or self.bug or self.stop.is_set()) and time.monotonic() < self.deadline
+        return not (self.drained or self.halt or self.stop.is_set()) and time.monotonic() < self.deadline
 
     def _claim(self, pool: ThreadPoolExecutor) -> None:
         # The database clock, read once per batch: one query, not one per result.
@@ -435,13 +447,13 @@ class _Pass:
             channel.halted or self.streaks.failing(row.type, threshold=channel.policy.breaker_threshold)
         ):
             return False
-        return not (self.bug or self.stop.is_set()) and time.monotonic() < batch.start_by
+        return not (self.halt or self.stop.is_set()) and time.monotonic() < batch.start_by
 
     def _collect(self) -> None:
         """Wait until a delivery completes, then finish every delivery that completed meanwhile
         (within APPLY_WINDOW_SECONDS), each batch's in one transaction: a crash then
         re-delivers little more than what was in flight, and finishing stays cheap. A delivery
-        that raised is kept as the pass's bug (:meth:`run`); its row stays claimed until its
+        that raised is kept as the pass's halt (:meth:`run`); its row stays claimed until its
         lease ends."""
         by_batch: dict[_Batch, list[Finish]] = {}
         for future in self.results.collect(APPLY_WINDOW_SECONDS):
@@ -450,8 +462,8 @@ class _Pass:
             error = future.exception()
             if error is None:
                 by_batch.setdefault(batch, []).append(future.result())
-            elif self.bug is None:
-                self.bug = error
+            elif self.halt is None:
+                self.halt = error
             else:
                 logger.error("another delivery raised after the first", exc_info=error)
         for batch, results in by_batch.items():

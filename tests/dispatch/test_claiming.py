@@ -186,6 +186,40 @@ def test_a_bug_while_delivering_one_row_stops_the_pass_after_every_other_row_is_
 
 
 @pytest.mark.usefixtures("operators_list")
+def test_a_database_failure_at_a_claim_records_the_deliveries_under_way_before_it_is_raised(
+    transactional_db, smtp_server, smtp_config, monkeypatch
+):
+    # A database restart that falls exactly between two claims of one pass cannot be timed
+    # with a real server (the chaos suite restarts PostgreSQL under load): the second claim is
+    # made to raise (a mock). The first batch's messages have gone out: their rows must be
+    # recorded Delivered, not left claimed to be sent again when their lease ends. (The pass
+    # closes its connection on the failure: a transactional test, not one inside a transaction.)
+    from django.db import OperationalError
+
+    smtp_server.behave("accept", delay_seconds=0.2)
+    queue(8)
+    claim = runner.notifications_claim_due
+    claims = []
+
+    def claim_then_fail(**kwargs):
+        claims.append(kwargs["limit"])
+        if len(claims) > 1:
+            raise OperationalError("the database system is shutting down")
+        return claim(**kwargs)
+
+    monkeypatch.setattr(runner, "notifications_claim_due", claim_then_fail)
+    with pytest.raises(OperationalError, match="shutting down"):
+        run_pass(batch_size=4, concurrency=4)
+    monkeypatch.undo()
+    assert len(claims) == 2
+    first = Notification.objects.filter(status=Status.DELIVERED)
+    assert first.count() == smtp_server.count == 4
+    assert not Notification.objects.exclude(claimed_by="").exists()
+    assert run_pass().delivered == 4
+    assert smtp_server.count == 8
+
+
+@pytest.mark.usefixtures("operators_list")
 def test_a_pass_drains_several_batches(smtp_server, smtp_config):
     queue(25)
     report = run_pass(batch_size=10)
