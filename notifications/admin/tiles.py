@@ -83,6 +83,8 @@ def _figure_conditions(*, now: datetime) -> dict[str, Q]:
         "delivered_last_interval": delivered,
         # notif_partial_idx: the delivered rows some target refused, by delivery time.
         "partially_delivered_last_interval": delivered & Q(targets_refused__gt=0),
+        # notif_status_created_idx: the Suppressed rows by creation (duplicates, silenced, in digests).
+        "suppressed_last_interval": Q(status=Status.SUPPRESSED, created_at__gte=since),
     }
 
 

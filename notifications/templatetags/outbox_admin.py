@@ -188,6 +188,7 @@ def outbox_filtered_tiles(changelist: Any) -> dict[str, Any] | None:
         "stuck": {"stuck": "1"},
         "parked": {"status": "Parked"},
         "unacknowledged": {"ack": "unacknowledged"},
+        "suppressed": {"status": "Suppressed"},
         "expired": {"status": "Parked"},
         "delivered": {"status": "Delivered"},
         "partial": {"targets": "partial"},

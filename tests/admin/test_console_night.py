@@ -268,14 +268,23 @@ def spread(worker):
     make_notification(status=Status.PARKED, source_site_id="plant-b", list_name="Boilers", expired_at=timezone.now())
     make_notification(source_site_id="plant-b", list_name="Pumps", type="webhook", priority=Notification.Priority.HIGH)
     make_notification(source_site_id="plant-b", list_name="Pumps", age=timedelta(days=3))
+    make_notification(status=Status.SUPPRESSED, source_site_id="plant-a", list_name="Line-3", suppressed_by="silence:1")
+    # Suppressed before the KPI interval: not in its tile.
+    make_notification(status=Status.SUPPRESSED, source_site_id="plant-b", list_name="Boilers", age=timedelta(days=2))
 
 
 @pytest.mark.parametrize(
     "query, expected",
     [
-        # (filters, {tile: value}) — every other tile of the eight is checked too, via the kpis.
-        ({"site": "plant-a"}, {"queue-depth": "2", "stuck": "1", "parked": "1", "delivered": "2", "partial": "1"}),
-        ({"list": "Boilers"}, {"queue-depth": "3", "parked": "1", "expired": "1", "delivered": "1", "stuck": "0"}),
+        # (filters, {tile: value}) — every other tile of the nine is checked too, via the kpis.
+        (
+            {"site": "plant-a"},
+            {"queue-depth": "2", "stuck": "1", "parked": "1", "delivered": "2", "partial": "1", "suppressed": "1"},
+        ),
+        (
+            {"list": "Boilers"},
+            {"queue-depth": "3", "parked": "1", "expired": "1", "delivered": "1", "stuck": "0", "suppressed": "0"},
+        ),
         ({"type": "webhook"}, {"queue-depth": "1", "parked": "0", "delivered": "0"}),
         ({"status": "Parked"}, {"queue-depth": "0", "parked": "2", "expired": "1"}),
         ({"priority": "high"}, {"queue-depth": "1", "stuck": "0", "parked": "0"}),
@@ -296,6 +305,7 @@ def test_the_tiles_follow_the_filters(client, spread, query, expected):
         if name != "status":
             assert f"{name}={value}" in shown["queue-depth"][0]
     assert "status=queued" in shown["queue-depth"][0] and "status=Parked" in shown["parked"][0]
+    assert "status=Suppressed" in shown["suppressed"][0]
     assert 'id="kpi-filtered-note"' in content and 'id="kpi-per-site-filtered"' in content
     # The queue by priority counts every notification: not beside tiles that count the matches.
     assert 'id="kpi-by-priority"' not in content
