@@ -302,19 +302,25 @@ class Matches:
 
 
 def matches_by_site_and_list(
-    queryset: QuerySet[Notification], *, shown: Sequence[Notification] | None = None
+    queryset: QuerySet[Notification], *, shown: Sequence[Notification] | None = None, page_only: bool = False
 ) -> Matches:
     """Counts by site and by list of ``queryset`` (the page's filtered and searched rows, in
     its order), grouped by the database over at most MATCHES_COUNT_MAX + 1 of them read
     through the index the page's order uses (notif_created_idx for the default newest first,
     or the index the filters' own plan takes), within MATCHES_BUDGET_MS: a bounded cost
-    whatever the filters match. Beyond the budget, the counts of ``shown`` (the page's rows)."""
+    whatever the filters match. Beyond the budget, or with ``page_only`` (the page already
+    knows that reading its matches costs more than that), the counts of ``shown`` (the page's
+    rows)."""
     limit = MATCHES_COUNT_MAX
     newest = queryset.values_list("source_site_id", "list_name")
     # One row more than counted is read, to know whether there are more.
-    counted = db.run_within(
-        lambda: db.grouped_counts(newest[: limit + 1], columns=["source_site_id", "list_name"], first=limit),
-        MATCHES_BUDGET_MS,
+    counted = (
+        None
+        if page_only
+        else db.run_within(
+            lambda: db.grouped_counts(newest[: limit + 1], columns=["source_site_id", "list_name"], first=limit),
+            MATCHES_BUDGET_MS,
+        )
     )
     page_only = counted is None
     if counted is None:

@@ -100,6 +100,10 @@ class OutboxPaginator(Paginator):
     recent_days = 1
 
     is_estimate = False
+    # Counting the matches was cancelled at count_budget_ms: the filters' matches are costly to
+    # read, and the page's other counts of them (notifications.console's matches by site and
+    # list) use the rows the page shows instead of spending their own budget to learn it again.
+    count_cut = False
     recent: tuple[date, int] | None = None  # (since, matches since then) when the page came from there
 
     def __init__(self, *args: Any, number: int | None = None, **kwargs: Any) -> None:
@@ -121,6 +125,7 @@ class OutboxPaginator(Paginator):
         capped = db.count_within(rows[: self.exact_limit + 1], self.count_budget_ms)
         if capped is not None and capped <= self.exact_limit:
             return capped
+        self.count_cut = capped is None
         estimate = db.planner_row_estimate(rows)
         if estimate is None:
             return rows.count()  # SQLite is the small embedded database: exact is affordable

@@ -208,7 +208,9 @@ def outbox_filtered_tiles(changelist: Any) -> dict[str, Any] | None:
 @register.simple_tag
 def outbox_matches(changelist: Any) -> Any:
     """The outbox page's matches counted by site and by list (notifications.console), following
-    its filters and search."""
+    its filters and search; those of the rows the page shows where counting the matches was
+    already cut at its budget (the paginator's ``count_cut``)."""
     from notifications.console import matches_by_site_and_list
 
-    return matches_by_site_and_list(changelist.queryset, shown=changelist.result_list)
+    costly = getattr(changelist.paginator, "count_cut", False)
+    return matches_by_site_and_list(changelist.queryset, shown=changelist.result_list, page_only=costly)

@@ -249,6 +249,34 @@ def test_matches_too_slow_to_count_are_those_of_the_page(client, worker, monkeyp
     assert "Matches on this page: 3</h2>" in content and "Counting all the matches would take too long" in content
 
 
+def test_where_the_page_count_was_cut_at_its_budget_the_matches_are_those_of_the_page_at_once(
+    client, worker, monkeypatch
+):
+    # A count cut by PostgreSQL at its budget needs a table of millions (bench/bench_console.py
+    # has one): here the paginator's count is made to be cut (a mock). The matches then do not
+    # spend their own budget reading the same costly matches again.
+    from notifications import console
+    from notifications.admin import outbox
+
+    for _ in range(3):
+        make_notification(status=Status.PARKED, source_site_id="plant-b")
+    monkeypatch.setattr(outbox.db, "plan_reads_every_match", lambda rows: False)  # a small table's plan does
+    monkeypatch.setattr(outbox.db, "count_within", lambda rows, milliseconds: None)
+    grouped = []
+    grouped_counts = console.db.grouped_counts
+
+    def counting(rows, *, columns, **kwargs):
+        grouped.append(columns)
+        return grouped_counts(rows, columns=columns, **kwargs)
+
+    monkeypatch.setattr(console.db, "grouped_counts", counting)
+    client.force_login(make_user("olivia", groups=["Operators"]))
+    response = client.get(OUTBOX, {"status": "Parked"})
+    assert response.context["cl"].paginator.count_cut
+    assert "Matches on this page: 3</h2>" in response.content.decode()
+    assert ["source_site_id", "list_name"] not in grouped  # the tiles count by site; the matches did not run
+
+
 def tiles(content: str) -> dict[str, tuple[str, str]]:
     """Each tile of the outbox page: ``{tile id: (link, value)}``."""
     found = re.findall(r'id="kpi-([a-z-]+)" href="([^"]*)"><span class="outbox-tile-value">([^<]*)</span>', content)
