@@ -286,6 +286,7 @@ def waiting_breakdown(*, channel: str) -> WaitingBreakdown:
 # of ten million takes 1.5 s for any number of them: that is what the budget stops.)
 MATCHES_COUNT_MAX = 10_000
 MATCHES_BUDGET_MS = 100
+MATCHES_BUDGET_MIN_MS = 10  # less is not worth a statement
 
 
 @dataclass(frozen=True)
@@ -302,25 +303,27 @@ class Matches:
 
 
 def matches_by_site_and_list(
-    queryset: QuerySet[Notification], *, shown: Sequence[Notification] | None = None, page_only: bool = False
+    queryset: QuerySet[Notification],
+    *,
+    shown: Sequence[Notification] | None = None,
+    budget_ms: int = MATCHES_BUDGET_MS,
 ) -> Matches:
     """Counts by site and by list of ``queryset`` (the page's filtered and searched rows, in
     its order), grouped by the database over at most MATCHES_COUNT_MAX + 1 of them read
     through the index the page's order uses (notif_created_idx for the default newest first,
-    or the index the filters' own plan takes), within MATCHES_BUDGET_MS: a bounded cost
-    whatever the filters match. Beyond the budget, or with ``page_only`` (the page already
-    knows that reading its matches costs more than that), the counts of ``shown`` (the page's
-    rows)."""
+    or the index the filters' own plan takes), within ``budget_ms``: a bounded cost whatever
+    the filters match. Beyond the budget (or with none: the page knows that reading its
+    matches costs more than it can spend), the counts of ``shown`` (the page's rows)."""
     limit = MATCHES_COUNT_MAX
     newest = queryset.values_list("source_site_id", "list_name")
     # One row more than counted is read, to know whether there are more.
     counted = (
-        None
-        if page_only
-        else db.run_within(
+        db.run_within(
             lambda: db.grouped_counts(newest[: limit + 1], columns=["source_site_id", "list_name"], first=limit),
-            MATCHES_BUDGET_MS,
+            budget_ms,
         )
+        if budget_ms >= MATCHES_BUDGET_MIN_MS
+        else None
     )
     page_only = counted is None
     if counted is None:
