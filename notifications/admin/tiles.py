@@ -32,7 +32,7 @@ T = TypeVar("T")
 # Counted exactly up to this many rows; beyond, "10,000+".
 FILTERED_COUNT_MAX = 10_000
 # All the figures' reads together get this long (ms); none gets less than FILTERED_STATEMENT_MIN_MS.
-FILTERED_BUDGET_MS = 150
+FILTERED_BUDGET_MS = 120
 FILTERED_STATEMENT_MIN_MS = 10
 
 
