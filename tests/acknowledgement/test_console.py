@@ -192,7 +192,7 @@ def test_the_link_pages_and_the_acknowledge_form_have_no_serious_accessibility_v
     import json
 
     from notifications.ack_links import ack_token_make
-    from tests.admin.test_accessibility import axe_serious
+    from tests.admin.test_accessibility import axe_load_with_every_page, axe_serious
 
     operator = make_user("olivia", groups=["Operators"])
     waiting = make_notification(asks_ack=True, priority=Notification.Priority.CRITICAL, subject="Gas detector fault")
@@ -215,6 +215,7 @@ def test_the_link_pages_and_the_acknowledge_form_have_no_serious_accessibility_v
     for (width, height), pages in screens.items():
         context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=theme, bypass_csp=True)
         context.set_default_timeout(15_000)
+        axe_load_with_every_page(context)
         tab = context.new_page()
         try:
             log_in(tab, live_server, operator)
