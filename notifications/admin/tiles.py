@@ -64,6 +64,9 @@ class FilteredTiles:
     figures: dict[str, FilteredFigure]
     oldest_pending_age_seconds: float | None
     per_site: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What the figures left of FILTERED_BUDGET_MS: the page's other counts of the matching rows
+    # (notifications.console's matches by site and list) share the budget.
+    budget_left_ms: int = 0
 
 
 def _figure_conditions(*, now: datetime) -> dict[str, Q]:
@@ -130,6 +133,7 @@ def filtered_tiles(queryset: QuerySet[Notification], *, now: datetime | None = N
         figures=figures,
         oldest_pending_age_seconds=_age(now, oldest),
         per_site=dict(sorted(per_site.items())),
+        budget_left_ms=max(0, int((deadline - time.monotonic()) * 1000)),
     )
 
 

@@ -278,14 +278,14 @@ def test_where_the_page_count_was_cut_at_its_budget_the_matches_are_those_of_the
 
 
 def test_the_matches_count_within_what_the_tiles_left_of_the_page_budget(client, worker, monkeypatch):
-    from notifications.templatetags import outbox_admin
+    from notifications.admin import tiles as tile_figures
 
     for _ in range(3):
         make_notification(status=Status.PARKED, source_site_id="plant-b")
     client.force_login(make_user("olivia", groups=["Operators"]))
     assert "Matches: 3</h2>" in client.get(OUTBOX, {"status": "Parked"}).content.decode()
-    # The tiles took all of it (they always take more than nothing): the matches are the page's.
-    monkeypatch.setattr(outbox_admin, "COUNTS_BESIDE_BUDGET_MS", 0)
+    # The tiles' budget, which the matches share, is spent: the matches are the page's.
+    monkeypatch.setattr(tile_figures, "FILTERED_BUDGET_MS", 0)
     assert "Matches on this page: 3</h2>" in client.get(OUTBOX, {"status": "Parked"}).content.decode()
 
 
