@@ -7,6 +7,7 @@ The plans of the claim at the size of a year of history are in tests/dispatch/te
 
 import hashlib
 import uuid
+from collections import defaultdict
 from datetime import timedelta
 
 import pytest
@@ -264,7 +265,11 @@ def test_a_sites_oldest_due_row_at_the_highest_due_priority_is_in_the_next_claim
             if r.source_site_id == site and r.priority == top
         ]
         assert oldest(site) in mine, (site, sites_of(taken))
-    # And the claim is exactly the first rows of the order (ties aside), nothing not due.
+    # And the claim is exactly the first rows of the order, ties aside, nothing not due: the
+    # rows of each site and priority are its oldest due ones, and the places of the rows in the
+    # order (priority, turn, due time) are those of the reference. Which of two rows tied on all
+    # three comes first is the statement's (within a site it reads an index range in the order
+    # of the index, not of ids), so which site fills the last place of a tie may differ.
     expected = claim_order(
         [
             Candidate(pk=r.pk, site=r.source_site_id, priority=r.priority, channel=r.type, due=r.next_attempt_at)
@@ -272,12 +277,31 @@ def test_a_sites_oldest_due_row_at_the_highest_due_priority_is_in_the_next_claim
         ],
         limit=limit,
     )
+    assert all(r.pk in {d.pk for d in due} for r in taken)
+    for site, priority in {(r.source_site_id, r.priority) for r in taken}:
+        mine = sorted(due_key(r.next_attempt_at) for r in taken if (r.source_site_id, r.priority) == (site, priority))
+        oldest_first = sorted(
+            due_key(r.next_attempt_at) for r in due if (r.source_site_id, r.priority) == (site, priority)
+        )
+        assert mine == oldest_first[: len(mine)], (site, priority)
+    assert places([(r.source_site_id, r.priority, r.next_attempt_at) for r in taken]) == places(
+        [(c.site, c.priority, c.due) for c in expected]
+    )
 
-    def due_of(value):
-        return str(value)
 
-    assert sorted((r.source_site_id, r.priority, due_of(r.next_attempt_at)) for r in taken) == sorted(
-        (c.site, c.priority, due_of(c.due)) for c in expected
+def due_key(due):
+    """A due time in the claim's order: rows without one first."""
+    return (due is not None, due or NOW)
+
+
+def places(rows):
+    """The places of ``(site, priority, due)`` rows in the claim's order, without the sites:
+    (priority, the row's turn within its site and priority, due time), sorted."""
+    by_site = defaultdict(list)
+    for site, priority, due in rows:
+        by_site[(site, priority)].append(due_key(due))
+    return sorted(
+        (-priority, turn, due) for (_, priority), dues in by_site.items() for turn, due in enumerate(sorted(dues))
     )
 
 
