@@ -3,7 +3,13 @@ list's dedup window on, every notification carrying a ``dedup_key`` — and **of
 no window, no key), in alternating rounds:
 
 - **ingest**: single notifications through the ingest function (validation and
-  ``notifications_ingest``, one call each, as one API request makes it), in this process;
+  ``notifications_ingest``, one call each, as one API request makes it), in this process, in
+  short runs (``--chunk``) with suppression off, on, and with the silences only, taken in turn
+  (``--pairs`` times, the order rotating), so that each setting meets the same moments of the
+  machine; each figure is the median of its runs, and each ratio the median of the ratios of
+  the runs taken together (a run of 50 swings by a third on a quiet machine, from a WAL flush
+  or autovacuum landing in it: the medians of many short runs side by side are steadier than
+  the best of a few long ones);
 - **dispatch**: the queued rows delivered by ``manage.py dispatch --once`` processes to the SMTP
   sink of bench/sink.py, over the delivery window (first attempt started → last delivered,
   from the rows' own timestamps, so process start-up does not count); every message is
@@ -14,13 +20,14 @@ no window, no key), in alternating rounds:
 The silences match none of the traffic and every key is distinct, so the same rows are stored
 and delivered either way: what differs is the work suppression adds (reading and matching the
 rules, and the duplicate decision — the list's lock and the anchor's lookup, in the insert's
-statement — at ingest; the digest check and the held-row condition at dispatch). Each figure
-is the best of its rounds (the round least disturbed by other load on the machine; five by
+statement — at ingest; the digest check and the held-row condition at dispatch). Dispatch is
+the best of its rounds (the round least disturbed by other load on the machine; five by
 default, because a two-core machine shared with other work swings by half between rounds).
 Target: on ≥ 0.9 × off, for ingest and for dispatch.
 
-Writes bench-results/suppression.json. Usage: python bench/bench_suppression.py [--count 500]
-[--rounds 5] [--seconds 3] [--clients 4] [--workers 3] [--processes 2] [--concurrency 8]
+Writes bench-results/suppression.json. Usage: python bench/bench_suppression.py [--pairs 100]
+[--chunk 50] [--count 500] [--rounds 5] [--seconds 3] [--clients 4] [--workers 3]
+[--processes 2] [--concurrency 8]
 """
 
 import argparse
@@ -159,7 +166,9 @@ def dispatch_phase(url: str, processes: int, concurrency: int) -> dict[str, Any]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=500, help="notifications per ingest and dispatch round")
+    parser.add_argument("--pairs", type=int, default=100, help="in-process ingest: runs of each setting")
+    parser.add_argument("--chunk", type=int, default=50, help="in-process ingest: notifications per run")
+    parser.add_argument("--count", type=int, default=500, help="notifications per dispatch round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0, help="HTTP ingest: seconds per phase")
     parser.add_argument("--clients", type=int, default=4)
@@ -170,25 +179,29 @@ def main() -> int:
 
     url, key = demo_database("suppression")
     setup_django(url)
-    rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-    silences_only: list[float] = []
     suppression_set(False, settle=False)
     ingest_in_process(100, keyed=False)  # warm-up
     dispatch_phase(url, args.processes, args.concurrency)
+    settings = {"off": (False, True), "on": (True, True), "silences only": (True, False)}
+    ingests: dict[str, list[float]] = {name: [] for name in settings}
+    names = list(settings)
+    for number in range(args.pairs):
+        for name in names[number % 3 :] + names[: number % 3]:
+            on, dedup = settings[name]
+            suppression_set(on, settle=False, dedup=dedup)
+            ingest_in_process(5, keyed=on and dedup)  # the rules read after the change
+            ingests[name].append(ingest_in_process(args.chunk, keyed=on and dedup))
+        if (number + 1) % 10 == 0:
+            medians = ", ".join(f"{name} {statistics.median(ingests[name]):.0f}/s" for name in names)
+            print(f"ingest, {number + 1} runs of each: {medians}", flush=True)
+    dispatch_phase(url, args.processes, args.concurrency)  # the ingested rows: not measured
+    dispatches: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for number in range(1, args.rounds + 1):
         for mode in ("off", "on") if number % 2 else ("on", "off"):
             suppression_set(mode == "on", settle=False)
-            ingest = ingest_in_process(args.count, keyed=mode == "on")
-            dispatch = dispatch_phase(url, args.processes, args.concurrency)
-            rounds[mode].append({"ingest": ingest, "dispatch": dispatch})
-            print(
-                f"round {number} {mode:3}: ingest {ingest:.0f}/s, dispatch {dispatch['per_second']:.0f}/s",
-                flush=True,
-            )
-        # The silences alone (no dedup window): what every ingest pays once silences exist.
-        suppression_set(True, settle=False, dedup=False)
-        silences_only.append(ingest_in_process(args.count, keyed=False))
-        print(f"round {number} silences only: ingest {silences_only[-1]:.0f}/s", flush=True)
+            ingest_in_process(args.count, keyed=mode == "on")
+            dispatches[mode].append(dispatch_phase(url, args.processes, args.concurrency))
+            print(f"round {number} {mode:3}: dispatch {dispatches[mode][-1]['per_second']:.0f}/s", flush=True)
     http: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     with (
         Central(database=url, workers=args.workers, OUTBOX_SITE_RATE_LIMIT=1_000_000) as server,
@@ -201,38 +214,39 @@ def main() -> int:
                 http[mode].append(ingest_phase(pool, server.port, key, args.seconds, args.clients, keyed=mode == "on"))
                 print(f"round {number} {mode:3}: HTTP ingest {http[mode][-1]['per_second']:.0f}/s", flush=True)
 
-    def best(mode: str, phase: str) -> float:
-        values = [entry[phase] if phase == "ingest" else entry[phase]["per_second"] for entry in rounds[mode]]
-        return max(values)
-
-    ingest_ratio = best("on", "ingest") / best("off", "ingest")
-    dispatch_ratio = best("on", "dispatch") / best("off", "dispatch")
+    ingest = {name: statistics.median(values) for name, values in ingests.items()}
+    dispatch = {mode: max(entry["per_second"] for entry in dispatches[mode]) for mode in dispatches}
+    ingest_ratio = statistics.median(on / off for on, off in zip(ingests["on"], ingests["off"], strict=True))
+    silences_ratio = statistics.median(
+        only / off for only, off in zip(ingests["silences only"], ingests["off"], strict=True)
+    )
+    dispatch_ratio = dispatch["on"] / dispatch["off"]
     http_off = statistics.median(entry["per_second"] for entry in http["off"])
     http_on = statistics.median(entry["per_second"] for entry in http["on"])
     errors = sum(entry["errors"] for mode in http for entry in http[mode])
-    exact = all(entry["dispatch"]["exactly_once"] for mode in rounds for entry in rounds[mode])
+    exact = all(entry["exactly_once"] for mode in dispatches for entry in dispatches[mode])
     checks = [
-        check("suppression: ingest, off", best("off", "ingest"), "notif/s", "(reference)", True),
+        check("suppression: ingest, off (median)", ingest["off"], "notif/s", "(reference)", True),
         check(
-            "suppression: ingest, 10 silences + dedup on",
-            best("on", "ingest"),
+            "suppression: ingest, 10 silences + dedup on (median)",
+            ingest["on"],
             "notif/s",
             ">= 0.9 x off",
             ingest_ratio >= 0.9,
             ingest_ratio,
         ),
         check(
-            "suppression: ingest, 10 silences only",
-            max(silences_only),
+            "suppression: ingest, 10 silences only (median)",
+            ingest["silences only"],
             "notif/s",
             "(reported)",
             True,
-            max(silences_only) / best("off", "ingest"),
+            silences_ratio,
         ),
-        check("suppression: dispatch, off", best("off", "dispatch"), "msg/s", "(reference)", True),
+        check("suppression: dispatch, off", dispatch["off"], "msg/s", "(reference)", True),
         check(
             "suppression: dispatch, 10 silences + dedup on",
-            best("on", "dispatch"),
+            dispatch["on"],
             "msg/s",
             ">= 0.9 x off",
             dispatch_ratio >= 0.9,
@@ -243,7 +257,7 @@ def main() -> int:
         check("suppression: failed requests", errors, "count", "== 0", errors == 0),
         check("suppression: every message received once", float(exact), "bool", "== 1", exact),
     ]
-    details = {"rounds": rounds, "silences_only": silences_only, "http": http, "args": vars(args)}
+    details = {"ingest_runs": ingests, "dispatch_rounds": dispatches, "http": http, "args": vars(args)}
     write_results("suppression", checks, details)
     return 0 if all(entry["ok"] for entry in checks) else 1
 

@@ -451,19 +451,17 @@ def insert_ignoring_conflicts_sql(
     *,
     stamped: tuple[str, ...] = (),
     stamped_if_null: tuple[str, ...] = (),
-    computed: tuple[tuple[str, str], ...] = (),
-    joined: str = "",
+    rows: str = "%s::jsonb",
     returning: tuple[str, ...] = (),
 ) -> tuple[str, list[Any]]:
     """PostgreSQL: the statement :func:`insert_ignoring_conflicts` runs, for rows with the
     attributes ``submitted``, with more in it: it returns ``(pk, statement_timestamp(),
     *returning)`` of each row inserted (``returning``: SQL of the inserted row's columns).
-    ``computed`` pairs an attribute with the SQL of its value, which replaces the submitted or
-    default one: it may name the row's submitted values as ``r.<column>`` and whatever
-    ``joined`` brings in (it follows the rows in the FROM clause: ``CROSS JOIN f(%s) AS d WHERE
-    …``). Its parameters: the returned list, :func:`rows_document` of the rows, then those of
-    ``joined``. Built once per shape."""
-    return _postgresql_insert(model, submitted, stamped, stamped_if_null, computed, joined, returning)
+    ``rows``: the SQL of the rows document the rows are read from — the document itself, or a
+    function of it that returns the rows as they are to be stored (``f(%s::jsonb, %s, …)``).
+    Its parameters: the returned list, :func:`rows_document` of the rows, then the rest of
+    ``rows``'. Built once per shape."""
+    return _postgresql_insert(model, submitted, stamped, stamped_if_null, rows, returning)
 
 
 @cache
@@ -472,15 +470,13 @@ def _postgresql_insert(
     submitted: tuple[str, ...],
     stamped: tuple[str, ...],
     stamped_if_null: tuple[str, ...],
-    computed: tuple[tuple[str, str], ...] = (),
-    joined: str = "",
+    rows: str = "%s::jsonb",
     returning: tuple[str, ...] = (),
 ) -> tuple[str, list[Any]]:
     """The INSERT … SELECT FROM jsonb_to_recordset statement and its default-value parameters;
     built once per shape (``db_type()`` per field per request would cost more than the rest of
     the Python side of an ingest)."""
     meta = model._meta
-    expressions = dict(computed)
     quote = connection.ops.quote_name
     by_name = {f.attname: f for f in meta.concrete_fields}
     unknown = sorted(set(submitted) - set(by_name))
@@ -490,9 +486,7 @@ def _postgresql_insert(
     selects, params = [], []
     for field in meta.concrete_fields:
         column = f"r.{_column(field)}"
-        if field.attname in expressions:
-            selects.append(expressions[field.attname])
-        elif field.attname in stamped:
+        if field.attname in stamped:
             selects.append("statement_timestamp()")
         elif field.attname in submitted:
             selects.append(f"COALESCE({column}, statement_timestamp())" if field.attname in stamped_if_null else column)
@@ -505,7 +499,7 @@ def _postgresql_insert(
     pk = _column(meta.pk) if meta.pk else ""
     sql = (
         f"INSERT INTO {quote(meta.db_table)} ({', '.join(_column(f) for f in meta.concrete_fields)}) "
-        f"SELECT {', '.join(selects)} FROM jsonb_to_recordset(%s::jsonb) AS r({record}) {joined} "
+        f"SELECT {', '.join(selects)} FROM jsonb_to_recordset({rows}) AS r({record}) "
         f"ON CONFLICT ({pk}) DO NOTHING RETURNING {', '.join((pk, 'statement_timestamp()', *returning))}"
     )
     return sql, params

@@ -397,31 +397,18 @@ def list_decisions(*, site_id: str, list_name: str, now: datetime) -> _ListDecis
 # The ingest of one notification with a dedup_key (the commonest keyed request): the decision
 # of _ListDecisions._duplicate in one statement instead of a transaction of five round trips
 # (the lock, the anchor's lookup, the insert, the count, COMMIT). It is insert_ignoring_conflicts'
-# own INSERT, joined with outbox_duplicate_anchor (migration 0037), which takes the list's lock
-# shared and its key's alone, then looks the anchor up afresh (the rule is there, in SQL); the
-# row stored calls outbox_duplicate_count in its RETURNING, so that only a row stored is counted
-# (a replay stores nothing). Why a second way beside the transaction: keyed posts come in floods
-# of one chattering alarm, exactly when ingest must keep up; measured in one process, a keyed
-# single post ran at 0.41-0.48 x a plain one with the transaction, 0.84-0.97 x with this
+# own INSERT, reading its row from outbox_duplicate_decided (migration 0038) instead of the rows
+# document itself: the function returns the row as it is to be stored, decided by
+# outbox_duplicate_anchor (migration 0037), which takes the list's lock shared and its key's
+# alone, then looks the anchor up afresh (the rule is there, in SQL). The row stored calls
+# outbox_duplicate_count in its RETURNING, so that only a row stored is counted (a replay stores
+# nothing). Why a second way beside the transaction: keyed posts come in floods of one
+# chattering alarm, exactly when ingest must keep up; measured in one process, a keyed single
+# post ran at 0.41-0.48 x a plain one with the transaction, about 0.9 x with this
 # (docs/performance.md, "Suppression's cost"). Tests run every duplicate case both ways.
-_DUPLICATE_DECIDED = "CROSS JOIN outbox_duplicate_anchor(%s, %s, %s, %s, %s, %s, %s) AS d(anchor_id)"
-# The new row's columns the decision sets: a duplicate is Suppressed and never due.
-_DUPLICATE_COLUMNS = (
-    ("status", f"CASE WHEN d.anchor_id IS NULL THEN r.status ELSE '{Status.SUPPRESSED}' END"),
-    ("suppressed_by", "CASE WHEN d.anchor_id IS NULL THEN r.suppressed_by ELSE 'duplicate:' || d.anchor_id END"),
-    ("next_attempt_at", "CASE WHEN d.anchor_id IS NULL THEN COALESCE(r.next_attempt_at, statement_timestamp()) END"),
-)
-# A row whose list escalates it (the seconds to its first step joined in): it starts its
-# escalation unless it is a duplicate (a shape of its own, so that the others plan less).
-_ESCALATING_DECIDED = f"{_DUPLICATE_DECIDED} CROSS JOIN (SELECT CAST(%s AS integer) AS after_seconds) AS e"
-_ESCALATING_COLUMNS = (
-    *_DUPLICATE_COLUMNS,
-    (
-        "escalation_due_at",
-        "CASE WHEN d.anchor_id IS NULL THEN statement_timestamp() + make_interval(secs => e.after_seconds) END",
-    ),
-    ("escalation_step", "CASE WHEN d.anchor_id IS NULL THEN 0 END"),
-)
+_DUPLICATE_DECIDED = "outbox_duplicate_decided(%s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s)"
+# The columns the decision sets, submitted (null) so that the statement reads them from the row.
+_DUPLICATE_COLUMNS = ("status", "suppressed_by", "next_attempt_at", "escalation_due_at", "escalation_step")
 # Only a suppressed row (a duplicate) counts on its anchor: the function reads it afresh too.
 _DUPLICATE_COUNTED = (f"CASE WHEN status = '{Status.SUPPRESSED}' THEN outbox_duplicate_count(suppressed_by) END",)
 
@@ -440,14 +427,13 @@ def row_duplicate_insert(
     rules = _rules_now(timezone.now()).lists.get(row["list_name"].casefold())
     if rules is None or not rules.dedup_window_seconds or rules.flood_threshold:
         return None
-    escalating = escalate_after is not None
+    submitted = {**dict.fromkeys(_DUPLICATE_COLUMNS), **row}
     sql, params = db.insert_ignoring_conflicts_sql(
         Notification,
-        tuple(row),
+        tuple(submitted),
         stamped=("created_at",),
         stamped_if_null=("site_enqueued_at",),
-        computed=_ESCALATING_COLUMNS if escalating else _DUPLICATE_COLUMNS,
-        joined=_ESCALATING_DECIDED if escalating else _DUPLICATE_DECIDED,
+        rows=_DUPLICATE_DECIDED,
         returning=_DUPLICATE_COUNTED,
     )
     decided = [
@@ -458,10 +444,10 @@ def row_duplicate_insert(
         rules.dedup_window_seconds,
         _lock_key(site_id=site_id, list_name=row["list_name"]),
         _lock_key(site_id=site_id, list_name=row["list_name"], dedup_key=row["dedup_key"]),
-        *([escalate_after] if escalating else []),
+        escalate_after,
     ]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, db.rows_document([row]), *decided])
+        cursor.execute(sql, [*params, db.rows_document([submitted]), *decided])
         stored = cursor.fetchone()
     if stored is None:
         return {}  # a replay: nothing stored, nothing counted
