@@ -459,8 +459,8 @@ def insert_ignoring_conflicts_sql(
     *returning)`` of each row inserted (``returning``: SQL of the inserted row's columns).
     ``rows``: the SQL of the rows document the rows are read from — the document itself, or a
     function of it that returns the rows as they are to be stored (``f(%s::jsonb, %s, …)``).
-    Its parameters: the returned list, :func:`rows_document` of the rows, then the rest of
-    ``rows``'. Built once per shape."""
+    Its parameters: the returned list, :func:`rows_document` of the rows, then those of the
+    rest of ``rows``. Built once per shape."""
     return _postgresql_insert(model, submitted, stamped, stamped_if_null, rows, returning)
 
 
