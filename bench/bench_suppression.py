@@ -163,6 +163,12 @@ def dispatch_phase(url: str, processes: int, concurrency: int) -> dict[str, Any]
     return {"per_second": count / window, "delivered": count, "exactly_once": exact, "codes": codes}
 
 
+def paired_ratio(rates: list[float], references: list[float]) -> float:
+    """The median of the ratios of runs taken together (the n-th of ``rates`` to the n-th of
+    ``references``)."""
+    return statistics.median(rate / reference for rate, reference in zip(rates, references, strict=True))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100, help="in-process ingest: runs of each setting")
@@ -216,12 +222,10 @@ def main() -> int:
 
     ingest = {name: statistics.median(values) for name, values in ingests.items()}
     dispatch = {mode: statistics.median(entry["per_second"] for entry in dispatches[mode]) for mode in dispatches}
-    ingest_ratio = statistics.median(on / off for on, off in zip(ingests["on"], ingests["off"], strict=True))
-    silences_ratio = statistics.median(
-        only / off for only, off in zip(ingests["silences only"], ingests["off"], strict=True)
-    )
-    dispatch_ratio = statistics.median(
-        on["per_second"] / off["per_second"] for on, off in zip(dispatches["on"], dispatches["off"], strict=True)
+    ingest_ratio = paired_ratio(ingests["on"], ingests["off"])
+    silences_ratio = paired_ratio(ingests["silences only"], ingests["off"])
+    dispatch_ratio = paired_ratio(
+        [entry["per_second"] for entry in dispatches["on"]], [entry["per_second"] for entry in dispatches["off"]]
     )
     http_off = statistics.median(entry["per_second"] for entry in http["off"])
     http_on = statistics.median(entry["per_second"] for entry in http["on"])
