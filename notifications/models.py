@@ -235,11 +235,13 @@ class Notification(models.Model):
                 name="notif_acknowledged_idx",
                 condition=models.Q(acknowledged_at__isnull=False),
             ),
-            # Duplicates: the last row of a site, list and dedup_key (only rows that have a key).
+            # Duplicates: the anchor, the last row of a site, list and dedup_key that was not
+            # suppressed. Only such rows are in it: a chattering key's duplicates, suppressed
+            # at ingest, are never read again to find it (migration 0039).
             models.Index(
                 fields=["source_site_id", "list_name", "dedup_key", "-created_at"],
-                name="notif_dedup_idx",
-                condition=~models.Q(dedup_key=""),
+                name="notif_dedup_anchor_idx",
+                condition=~models.Q(dedup_key="") & models.Q(suppressed_by=""),
             ),
             # Flood digests: the held rows by when their digest is due (a handful at any time).
             models.Index(

@@ -37,7 +37,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings as django_settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Min, Q
+from django.db.models import BooleanField, Count, F, Min, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -284,11 +284,25 @@ class _Anchor:
     duplicates: int = 0
 
 
-def _anchor_find(*, site_id: str, list_name: str, dedup_key: str) -> _Anchor | None:
-    row = (
-        Notification.objects.filter(source_site_id=site_id, list_name=list_name, dedup_key=dedup_key, suppressed_by="")
+# The condition of the index of rows that can be anchors (notif_dedup_anchor_idx), as SQL text:
+# SQLite uses a partial index only when the query states its condition literally, and the ORM
+# would bind '' as a parameter. (PostgreSQL proves it either way.)
+_CAN_BE_ANCHOR = RawSQL("NOT dedup_key = '' AND suppressed_by = ''", (), output_field=BooleanField())
+
+
+def anchor_candidates(*, site_id: str, list_name: str, dedup_key: str) -> QuerySet[Notification]:
+    """The rows of a site, list and key that a new duplicate could be anchored to, newest first:
+    those that were not suppressed (a row delivered anyway keeps its ``suppressed_by``)."""
+    return (
+        Notification.objects.filter(_CAN_BE_ANCHOR, source_site_id=site_id, list_name=list_name, dedup_key=dedup_key)
         .exclude(status=Status.SUPPRESSED)
         .order_by("-created_at")
+    )
+
+
+def _anchor_find(*, site_id: str, list_name: str, dedup_key: str) -> _Anchor | None:
+    row = (
+        anchor_candidates(site_id=site_id, list_name=list_name, dedup_key=dedup_key)
         .values("notification_id", "created_at", "priority", "acknowledged_at", "cleared_at")
         .first()
     )
