@@ -243,6 +243,13 @@ class Notification(models.Model):
                 name="notif_dedup_anchor_idx",
                 condition=~models.Q(dedup_key="") & models.Q(suppressed_by=""),
             ),
+            # What one silence, digest or anchor holds back ("silence:4"): the Silences page's
+            # counts, its link and "Deliver anyway", newest first (migration 0040).
+            models.Index(
+                fields=["suppressed_by", "-created_at"],
+                name="notif_suppressed_by_idx",
+                condition=~models.Q(suppressed_by=""),
+            ),
             # Flood digests: the held rows by when their digest is due (a handful at any time).
             models.Index(
                 fields=["held_for_digest"],
