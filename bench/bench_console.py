@@ -2,7 +2,8 @@
 10,000,000).
 
 Seeds a fresh database with generate_series (95% terminal rows spread over a year, skewed to
-recent; one delivered row in 40 delivered partially; queued rows mostly minutes old, some
+recent; one delivered row in 40 delivered partially; 3 % suppressed, two in three as
+duplicates of 1,000 keys and one in three by 20 silences; queued rows mostly minutes old, some
 stuck; 20 sites of uneven size; 5 lists) in one INSERT … SELECT, the table's secondary
 indexes dropped first and built once afterwards (at 10,000,000 rows maintaining 26 indexes
 row by row is what would take the time), then
@@ -21,6 +22,8 @@ reports the median server time of several runs per page:
   line's checks alone (given the KPIs)
 - a site filter and a list filter on a real list, where the tiles and the per-site table
   count the matching rows
+- the Silences page (each silence with the rows it holds back), one silence's rows, the
+  silenced rows, and the flood report
 
 Target: each page ≤ 500 ms, searches included; the status line and the per-site and per-list
 counts ≤ 200 ms. Above 1,000,000 rows each page's target is 1 s (the status line's stays
@@ -55,6 +58,7 @@ DEFAULT_ROWS = 1_000_000
 # Above a million rows a page may take up to this long (ten million: every page within 1 s).
 LARGE_PAGE_TARGET_MS = 1000
 SITES = 20
+SILENCES = 20
 LISTS = ["Operators", "Maintenance", "Shift leads", "Electrical", "Management"]
 
 # One INSERT … SELECT: the server generates every row, nothing crosses the wire.
@@ -64,7 +68,7 @@ INSERT INTO notifications_notification (
     last_error, resolved_targets, targets_refused, source_site_id, source_instance_id, source_script,
     site_enqueued_at,
     created_at, last_attempt_at, next_attempt_at, delivered_at, claimed_by, claimed_until, fingerprint,
-    requeued_at, expired_at, discarded_at, discarded_by, discard_reason)
+    requeued_at, expired_at, discarded_at, discarded_by, discard_reason, dedup_key, suppressed_by)
 SELECT
     gen_random_uuid(), 'email',
     CASE WHEN status = 'Parked' AND i %% 7 = 0 THEN 'Night-Shift' ELSE (%(lists)s::text[])[1 + (i %% %(list_count)s)] END,
@@ -103,7 +107,12 @@ SELECT
     CASE WHEN status = 'Parked' AND i %% 10 = 0 THEN created_at + interval '1 day' END,
     CASE WHEN status = 'Discarded' THEN created_at + interval '1 day' END,
     CASE WHEN status = 'Discarded' THEN 'bench-operator' ELSE '' END,
-    CASE WHEN status = 'Discarded' THEN 'Obsolete alarm' ELSE '' END
+    CASE WHEN status = 'Discarded' THEN 'Obsolete alarm' ELSE '' END,
+    -- Suppressed: two in three duplicates of 1,000 chattering keys, one in three silenced by
+    -- one of the SILENCES silences (ids 1 …, made by configuration()).
+    CASE WHEN status = 'Suppressed' AND i %% 3 > 0 THEN 'key-' || (i %% 1000) ELSE '' END,
+    CASE WHEN status = 'Suppressed' AND i %% 3 > 0 THEN 'duplicate:' || md5((i %% 1000)::text)::uuid
+         WHEN status = 'Suppressed' THEN 'silence:' || (1 + i %% %(silences)s) ELSE '' END
 FROM (
     SELECT i, r3, r4, r5, status,
            now() - CASE WHEN status IN ('Pending', 'Retrying')
@@ -114,7 +123,7 @@ FROM (
         SELECT i, random() AS r2, random() AS r3, random() AS r4, random() AS r5,
                CASE WHEN r1 < 0.03 THEN 'Pending' WHEN r1 < 0.05 THEN 'Retrying'
                     WHEN r1 < 0.065 THEN 'Parked' WHEN r1 < 0.07 THEN 'Discarded'
-                    ELSE 'Delivered' END AS status
+                    WHEN r1 < 0.10 THEN 'Suppressed' ELSE 'Delivered' END AS status
         FROM (SELECT i, random() AS r1 FROM generate_series(1, %(rows)s) AS i) AS g
     ) AS s
 ) AS t
@@ -148,7 +157,10 @@ def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
         # The counts the database keeps are made once afterwards too: the insert trigger would
         # group all the seeded rows in one statement (notifications.counts).
         conn.execute(f"ALTER TABLE {NOTIFICATIONS} DISABLE TRIGGER notif_count_insert")
-        conn.execute(SEED_SQL, {"rows": rows, "lists": LISTS, "list_count": len(LISTS), "sites": SITES})
+        conn.execute(
+            SEED_SQL,
+            {"rows": rows, "lists": LISTS, "list_count": len(LISTS), "sites": SITES, "silences": SILENCES},
+        )
         print(f"inserted {rows:,} rows in {time.perf_counter() - started:.0f} s; building indexes …", flush=True)
         with conn.transaction():
             conn.execute(f"ALTER TABLE {NOTIFICATIONS} ENABLE TRIGGER notif_count_insert")
@@ -184,15 +196,30 @@ def seeded_database_url(rows: int = DEFAULT_ROWS) -> str:
 
 def configuration() -> "User":
     """Sites, lists and an operator to log in as (the role the console is for)."""
-    from django.contrib.auth.models import Group, User
+    from datetime import timedelta
 
-    from notifications.models import NotificationList
+    from django.contrib.auth.models import Group, User
+    from django.utils import timezone
+
+    from notifications.models import NotificationList, Silence
     from sites.models import Site
 
     for n in range(SITES):
         Site.objects.get_or_create(site_id=f"site-{n:02d}", defaults={"name": f"Plant {n:02d}"})
     for name in LISTS:
         NotificationList.objects.get_or_create(name=name)
+    now = timezone.now()
+    for n in range(1, SILENCES + 1):  # the seeded rows' silence:1 … (half of them over by now)
+        Silence.objects.get_or_create(
+            pk=n,
+            defaults={
+                "site": f"site-{n % SITES:02d}",
+                "starts_at": now - timedelta(days=n),
+                "ends_at": now + timedelta(hours=2 if n % 2 else -1),
+                "reason": f"Maintenance {n}",
+                "created_by": "bench",
+            },
+        )
     user, created = User.objects.get_or_create(username="bench-operator", defaults={"is_staff": True})
     if created:
         user.groups.add(Group.objects.get(name="Operators"))
@@ -340,6 +367,12 @@ def main() -> int:
             reverse("admin:notifications_deliverypolicy_changelist"),
             500,
         ),
+        # Suppression: the silences with what each holds back, the rows of one, the silenced
+        # rows, and the flood report (alarms per list per 10 minutes, the top sources).
+        "silences (with their suppressed counts)": (reverse("admin:notifications_silence_changelist"), 500),
+        "one silence's rows": (f"{outbox}?{urlencode({'status': 'Suppressed', 'suppressed_by': 'silence:3'})}", 500),
+        "suppression filter (silenced)": (f"{outbox}?suppressed_by=silence", 500),
+        "flood report": (reverse("admin:notifications_notification_flood"), 500),
         "redrive view (one retry's rows)": (
             f"{reverse('admin:notifications_notification_redrive')}?{urlencode({'at': redrive_at})}",
             500,
