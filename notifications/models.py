@@ -244,11 +244,13 @@ class Notification(models.Model):
                 condition=~models.Q(dedup_key="") & models.Q(suppressed_by=""),
             ),
             # What one silence, digest or anchor holds back ("silence:4"): the Silences page's
-            # counts, its link and "Deliver anyway", newest first (migration 0040).
+            # counts, its link and "Deliver anyway", newest first; with the status, a silence's
+            # rows held now are counted from the index alone (migration 0040).
             models.Index(
                 fields=["suppressed_by", "-created_at"],
                 name="notif_suppressed_by_idx",
                 condition=~models.Q(suppressed_by=""),
+                include=["status"],
             ),
             # Flood digests: the held rows by when their digest is due (a handful at any time).
             models.Index(
