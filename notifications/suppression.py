@@ -643,10 +643,16 @@ TOP_SOURCES = 10
 
 
 def _ten_minute_bucket_sql() -> str:
-    """The start of a row's 10-minute interval, in seconds since the epoch, as SQL."""
+    """The start of a row's 10-minute interval as SQL: a timestamp on PostgreSQL (``date_bin``;
+    arithmetic on the epoch as a numeric cost a third more over a day of a million rows),
+    seconds since the epoch on SQLite."""
     if connection.vendor == "postgresql":
-        return "floor(extract(epoch from created_at) / 600) * 600"
+        return "date_bin('10 minutes', created_at, timestamptz 'epoch')"
     return "(CAST(strftime('%%s', created_at) AS INTEGER) / 600) * 600"
+
+
+def _epoch_seconds(bucket: datetime | int) -> int:
+    return int(bucket.timestamp()) if isinstance(bucket, datetime) else int(bucket)
 
 
 def flood_report(*, now: datetime | None = None) -> dict[str, Any]:
@@ -670,29 +676,48 @@ def flood_report(*, now: datetime | None = None) -> dict[str, Any]:
         )
         entry["max_per_10_min"] = max(entry["max_per_10_min"], row["n"])
         entry["floods"] += int(row["n"] > ISA_FLOOD_BENCHMARK)
-        if int(row["bucket"]) == current:
+        if _epoch_seconds(row["bucket"]) == current:
             entry["last_10_min"] = row["n"]
+    top_day, top_week = _top_sources(day_ago=day_ago, week_ago=now - timedelta(days=7))
     return {
         "benchmark_per_10_min": ISA_FLOOD_BENCHMARK,
         "lists_24h": sorted(lists.values(), key=lambda entry: (-entry["max_per_10_min"], entry["list_name"])),
-        "top_sources_24h": _top_sources(since=day_ago),
-        "top_sources_7d": _top_sources(since=now - timedelta(days=7)),
+        "top_sources_24h": top_day,
+        "top_sources_7d": top_week,
     }
 
 
-def _top_sources(*, since: datetime) -> list[dict[str, Any]]:
-    rows = (
-        Notification.objects.filter(created_at__gte=since)
+def _top_sources(*, day_ago: datetime, week_ago: datetime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The top sources by count over the last day and over the last week, from one pass over
+    the week's rows (a day's rows are the week's too): each source is counted for both, and
+    ranked here."""
+    suppressed = Q(status=Status.SUPPRESSED)
+    in_day = Q(created_at__gte=day_ago)
+    rows = list(
+        Notification.objects.filter(created_at__gte=week_ago)
         .values("source_site_id", "source_instance_id")
-        .annotate(count=Count("created_at"), suppressed=Count("created_at", filter=Q(status=Status.SUPPRESSED)))
-        .order_by("-count", "source_site_id", "source_instance_id")[:TOP_SOURCES]
+        .annotate(
+            week=Count("created_at"),
+            week_suppressed=Count("created_at", filter=suppressed),
+            day=Count("created_at", filter=in_day),
+            day_suppressed=Count("created_at", filter=suppressed & in_day),
+        )
+        .order_by()
     )
-    return [
-        {
-            "site": row["source_site_id"],
-            "source_instance_id": row["source_instance_id"],
-            "count": row["count"],
-            "suppressed": row["suppressed"],
-        }
-        for row in rows
-    ]
+
+    def top(window: str) -> list[dict[str, Any]]:
+        ranked = sorted(
+            (row for row in rows if row[window]),
+            key=lambda row: (-row[window], row["source_site_id"], row["source_instance_id"]),
+        )
+        return [
+            {
+                "site": row["source_site_id"],
+                "source_instance_id": row["source_instance_id"],
+                "count": row[window],
+                "suppressed": row[f"{window}_suppressed"],
+            }
+            for row in ranked[:TOP_SOURCES]
+        ]
+
+    return top("day"), top("week")
