@@ -29,7 +29,7 @@ import hashlib
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -693,7 +693,7 @@ def _top_sources(*, day_ago: datetime, week_ago: datetime) -> tuple[list[dict[st
     ranked here."""
     suppressed = Q(status=Status.SUPPRESSED)
     in_day = Q(created_at__gte=day_ago)
-    rows = list(
+    rows: Sequence[Mapping[str, Any]] = list(
         Notification.objects.filter(created_at__gte=week_ago)
         .values("source_site_id", "source_instance_id")
         .annotate(
