@@ -142,7 +142,7 @@ WHERE schemaname = current_schema() AND tablename = %s
 def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
     import psycopg
 
-    from notifications.counts import NOTIFICATIONS, REBUILD_SQL
+    from notifications.counts import ALARM_REBUILD_SQL, ALARM_TABLE, NOTIFICATIONS, REBUILD_SQL
     from notifications.counts import TABLE as COUNTS
 
     started = time.perf_counter()
@@ -157,6 +157,7 @@ def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
         # The counts the database keeps are made once afterwards too: the insert trigger would
         # group all the seeded rows in one statement (notifications.counts).
         conn.execute(f"ALTER TABLE {NOTIFICATIONS} DISABLE TRIGGER notif_count_insert")
+        conn.execute(f"ALTER TABLE {NOTIFICATIONS} DISABLE TRIGGER alarm_count_insert")
         conn.execute(
             SEED_SQL,
             {"rows": rows, "lists": LISTS, "list_count": len(LISTS), "sites": SITES, "silences": SILENCES},
@@ -164,12 +165,18 @@ def seed(url: str, rows: int) -> tuple[dict[str, int], float]:
         print(f"inserted {rows:,} rows in {time.perf_counter() - started:.0f} s; building indexes …", flush=True)
         with conn.transaction():
             conn.execute(f"ALTER TABLE {NOTIFICATIONS} ENABLE TRIGGER notif_count_insert")
+            conn.execute(f"ALTER TABLE {NOTIFICATIONS} ENABLE TRIGGER alarm_count_insert")
             conn.execute(f"DELETE FROM {COUNTS}")
             conn.execute(REBUILD_SQL)
+            conn.execute(f"DELETE FROM {ALARM_TABLE}")
+            rebuilt = time.perf_counter()
+            conn.execute(ALARM_REBUILD_SQL)
+            print(f"alarm counts rebuilt in {time.perf_counter() - rebuilt:.1f} s", flush=True)
         for _name, definition in indexes:
             conn.execute(definition)
         conn.execute("VACUUM ANALYZE notifications_notification")
         conn.execute(f"VACUUM ANALYZE {COUNTS}")
+        conn.execute(f"VACUUM ANALYZE {ALARM_TABLE}")
         counts: dict[str, int] = dict(
             conn.execute("SELECT status, count(*) FROM notifications_notification GROUP BY 1").fetchall()
         )

@@ -31,6 +31,10 @@ trend leaves out), kept by triggers on the attempts table, for the dashboard's f
 the KPIs' failures by class. An attempt is counted through its notification, so attempts are
 deleted before their notification (as the purge and Django's cascade do).
 
+The flood report's alarms per list per 10 minutes are counted the same way in
+``notifications_alarmratecount`` (model ``AlarmRateCount``, migration 0041): every notification
+once, by the 10-minute interval it was created in and its list, whatever its status.
+
 SQLite has no such triggers: there :func:`counts_kept` is False and the callers count the rows.
 """
 
@@ -284,6 +288,70 @@ def failures_since(since: datetime) -> dict[str, int]:
     return {str(failure_class): int(n) for failure_class, n in _rows(sql, [buckets_from, sign, *edge])}
 
 
+# --- alarms per list per 10 minutes (the flood report) ----------------------------------------
+
+ALARM_TABLE = "notifications_alarmratecount"
+ALARM_FUNCTION = "notifications_count_alarms"
+ALARM_KEY = "bucket, list_name"
+# Every notification counts once, whatever its status (suppressed ones were raised too), in the
+# 10-minute interval of its creation on central, intervals starting at the epoch (the flood
+# report's, notifications.suppression). Neither column changes once a row exists; the update
+# trigger is there so that the counts stay exact whatever a statement changes.
+ALARM_ROWS_SQL = (
+    "SELECT date_bin('10 minutes', r.created_at, timestamptz 'epoch') AS bucket, r.list_name FROM {source} AS r"
+)
+ALARM_FUNCTION_SQL = _count_trigger_function_sql(ALARM_FUNCTION, ALARM_TABLE, ALARM_KEY, ALARM_ROWS_SQL)
+ALARM_TRIGGER_NAMES, ALARM_TRIGGERS_SQL = _count_triggers_sql("alarm_count", NOTIFICATIONS, ALARM_FUNCTION)
+ALARM_REBUILD_SQL = f"""
+INSERT INTO {ALARM_TABLE} ({ALARM_KEY}, n, folded)
+SELECT {ALARM_KEY}, count(*), true FROM ({ALARM_ROWS_SQL.format(source=NOTIFICATIONS)}) AS k
+GROUP BY {ALARM_KEY}
+"""
+ALARM_FOLD_SQL = f"""
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock(%(lock)s + 2) AS held
+), keys AS (
+    SELECT DISTINCT {ALARM_KEY} FROM (
+        SELECT {ALARM_KEY} FROM {ALARM_TABLE} WHERE NOT folded AND (SELECT held FROM lock) ORDER BY id LIMIT %(rows)s
+    ) AS changed
+), gone AS (
+    DELETE FROM {ALARM_TABLE} AS c USING keys AS k
+    WHERE c.bucket = k.bucket AND c.list_name = k.list_name
+    RETURNING c.bucket, c.list_name, c.n
+)
+INSERT INTO {ALARM_TABLE} ({ALARM_KEY}, n, folded)
+SELECT {ALARM_KEY}, sum(n), true FROM gone GROUP BY {ALARM_KEY} HAVING sum(n) <> 0
+"""
+
+
+def alarm_counts_install(schema_editor: Any) -> None:
+    """Create the alarm counts' triggers and count every existing notification, with writers
+    held off meanwhile (migration 0041)."""
+    _install(
+        schema_editor,
+        table=NOTIFICATIONS,
+        function_sql=ALARM_FUNCTION_SQL,
+        trigger_names=ALARM_TRIGGER_NAMES,
+        triggers_sql=ALARM_TRIGGERS_SQL,
+        counts_table=ALARM_TABLE,
+        rebuild_sql=ALARM_REBUILD_SQL,
+    )
+
+
+def alarm_counts_uninstall(schema_editor: Any) -> None:
+    _uninstall(schema_editor, NOTIFICATIONS, ALARM_TRIGGER_NAMES, ALARM_FUNCTION)
+
+
+def alarm_counts(start: datetime) -> list[tuple[str, datetime, int]]:
+    """``(list name, 10-minute interval, notifications created in it)`` from the interval
+    ``start`` (an interval's start) on, the intervals with any (PostgreSQL)."""
+    sql = f"""
+        SELECT list_name, bucket, sum(n)::bigint FROM {ALARM_TABLE} WHERE bucket >= %s
+        GROUP BY list_name, bucket HAVING sum(n) <> 0
+    """
+    return [(name, bucket, int(n)) for name, bucket, n in _rows(sql, [start])]
+
+
 # --- both -------------------------------------------------------------------------------------
 
 
@@ -370,17 +438,19 @@ def _uninstall(schema_editor: Any, table: str, trigger_names: Sequence[str], fun
 
 
 def counts_rebuild() -> None:
-    """Recount every key from the notifications (after a bulk load with the triggers off),
-    holding writers off meanwhile. PostgreSQL only."""
+    """Recount every key of the notification counts and the alarm counts from the notifications
+    (after a bulk load with the triggers off), holding writers off meanwhile. PostgreSQL only."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"LOCK TABLE {NOTIFICATIONS} IN SHARE ROW EXCLUSIVE MODE")
         cursor.execute(f"DELETE FROM {TABLE}")
         cursor.execute(REBUILD_SQL)
+        cursor.execute(f"DELETE FROM {ALARM_TABLE}")
+        cursor.execute(ALARM_REBUILD_SQL)
 
 
 def counts_fold(*, rows_max: int = FOLD_ROWS_MAX) -> int:
     """Sum the rows of each key that has changes not folded yet into one row (the keys of up
-    to ``rows_max`` changes), in the notification counts and the failed-attempt counts;
+    to ``rows_max`` changes), in the notification, failed-attempt and alarm counts;
     returns the number of rows written, 0 where another fold is running or the counts are not
     kept. Never changes any key's sum: the rows a fold deletes
     are exactly the rows whose sums it inserts, in one statement."""
@@ -388,7 +458,7 @@ def counts_fold(*, rows_max: int = FOLD_ROWS_MAX) -> int:
         return 0
     written = 0
     with connection.cursor() as cursor:
-        for sql in (FOLD_SQL, ATTEMPT_FOLD_SQL):
+        for sql in (FOLD_SQL, ATTEMPT_FOLD_SQL, ALARM_FOLD_SQL):
             cursor.execute(sql, {"lock": FOLD_LOCK, "rows": rows_max})
             written += max(cursor.rowcount, 0)
     return written

@@ -385,6 +385,27 @@ class FailedAttemptCount(models.Model):
         return f"{self.source_site_id} {self.type} {self.bucket:%Y-%m-%d %H:00}: {self.n} failed ({self.failure_class})"
 
 
+class AlarmRateCount(models.Model):
+    """Notifications by the 10-minute interval they were created in and their list, every
+    status counted (notifications.counts): the flood report's alarms per list per 10 minutes.
+    Kept on PostgreSQL by statement-level triggers on the notification table, like
+    ``NotificationCount``; empty on SQLite, where the report counts the rows."""
+
+    bucket = models.DateTimeField()  # the interval's start; intervals start at the epoch
+    list_name = models.CharField(max_length=200)
+    n = models.BigIntegerField()
+    folded = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["bucket", "list_name"], name="alarm_count_key_idx"),
+            models.Index(fields=["id"], name="alarm_count_unfolded_idx", condition=models.Q(folded=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.list_name} {self.bucket:%Y-%m-%d %H:%M}: {self.n}"
+
+
 class DeliveryAttempt(models.Model):
     """One delivery attempt of one notification: recorded before the network call, finished after."""
 

@@ -31,7 +31,7 @@ import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from notifications import db
 from notifications.acknowledgement import ListSettings, asks_ack
+from notifications.counts import alarm_counts, counts_kept
 from notifications.db import database_now
 from notifications.escalation import escalation_first_after, notifications_escalation_start
 from notifications.list_names import notification_lists_by_name
@@ -586,9 +587,6 @@ def digest_body(held: Sequence[Notification]) -> str:
     return "\n".join(lines)
 
 
-# --- figures ----------------------------------------------------------------------------------
-
-
 # --- silences -------------------------------------------------------------------------------------
 
 SILENCE_MATCHERS = ("site", "list_name", "source_instance_id", "subject_contains")
@@ -643,9 +641,8 @@ TOP_SOURCES = 10
 
 
 def _ten_minute_bucket_sql() -> str:
-    """The start of a row's 10-minute interval as SQL: a timestamp on PostgreSQL (``date_bin``;
-    arithmetic on the epoch as a numeric cost a third more over a day of a million rows),
-    seconds since the epoch on SQLite."""
+    """The start of a row's 10-minute interval as SQL: a timestamp on PostgreSQL (``date_bin``,
+    as the alarm counts' triggers compute it), seconds since the epoch on SQLite."""
     if connection.vendor == "postgresql":
         return "date_bin('10 minutes', created_at, timestamptz 'epoch')"
     return "(CAST(strftime('%%s', created_at) AS INTEGER) / 600) * 600"
@@ -655,30 +652,51 @@ def _epoch_seconds(bucket: datetime | int) -> int:
     return int(bucket.timestamp()) if isinstance(bucket, datetime) else int(bucket)
 
 
-def flood_report(*, now: datetime | None = None) -> dict[str, Any]:
-    """Alarms (every notification ingested, suppressed ones included: each was raised) per list
-    per 10 minutes over the last 24 h against the ISA-18.2 benchmark, and the top sources by
-    count over 24 h and 7 days (docs/suppression.md#the-flood-report)."""
-    now = now or database_now()
-    day_ago = now - timedelta(hours=24)
-    buckets = (
-        Notification.objects.filter(created_at__gte=day_ago)
+def _interval_start(moment: datetime) -> datetime:
+    """The start of the 10-minute interval ``moment`` falls in (intervals start at the epoch)."""
+    return datetime.fromtimestamp(int(moment.timestamp()) // FLOOD_BUCKET_SECONDS * FLOOD_BUCKET_SECONDS, tz=UTC)
+
+
+def alarms_per_list_counted(start: datetime) -> list[tuple[str, int, int]]:
+    """``(list name, interval start in epoch seconds, notifications)`` of the 10-minute intervals
+    from ``start`` on, counted from the rows themselves (SQLite; on PostgreSQL the alarm counts
+    hold the same figures, notifications.counts)."""
+    rows = (
+        Notification.objects.filter(created_at__gte=start)
         .annotate(bucket=RawSQL(_ten_minute_bucket_sql(), []))
-        .values("list_name", "bucket")
+        .values_list("list_name", "bucket")
         .annotate(n=Count("created_at"))
         .order_by()
     )
+    return [(name, _epoch_seconds(bucket), n) for name, bucket, n in rows]
+
+
+def alarms_per_list(start: datetime) -> list[tuple[str, int, int]]:
+    """:func:`alarms_per_list_counted`'s figures, from the alarm counts where the database keeps
+    them (PostgreSQL: a day of a million notifications is 144 intervals per list there)."""
+    if counts_kept():
+        return [(name, _epoch_seconds(bucket), n) for name, bucket, n in alarm_counts(start)]
+    return alarms_per_list_counted(start)
+
+
+def flood_report(*, now: datetime | None = None) -> dict[str, Any]:
+    """Alarms (every notification ingested, suppressed ones included: each was raised) per list
+    per 10 minutes over the last 24 hours against the ISA-18.2 benchmark, and the top sources by
+    count over 24 hours and 7 days (docs/console.md, the flood report). The periods are whole
+    10-minute intervals: from the start of the interval 24 hours (7 days) ago to now."""
+    now = now or database_now()
+    current = _interval_start(now)
+    day_start, week_start = _interval_start(now - timedelta(days=1)), _interval_start(now - timedelta(days=7))
     lists: dict[str, dict[str, Any]] = {}
-    current = int(now.timestamp()) // FLOOD_BUCKET_SECONDS * FLOOD_BUCKET_SECONDS
-    for row in buckets:
+    for list_name, bucket, n in alarms_per_list(day_start):
         entry = lists.setdefault(
-            row["list_name"], {"list_name": row["list_name"], "max_per_10_min": 0, "floods": 0, "last_10_min": 0}
+            list_name, {"list_name": list_name, "max_per_10_min": 0, "floods": 0, "last_10_min": 0}
         )
-        entry["max_per_10_min"] = max(entry["max_per_10_min"], row["n"])
-        entry["floods"] += int(row["n"] > ISA_FLOOD_BENCHMARK)
-        if _epoch_seconds(row["bucket"]) == current:
-            entry["last_10_min"] = row["n"]
-    top_day, top_week = _top_sources(day_ago=day_ago, week_ago=now - timedelta(days=7))
+        entry["max_per_10_min"] = max(entry["max_per_10_min"], n)
+        entry["floods"] += int(n > ISA_FLOOD_BENCHMARK)
+        if bucket == _epoch_seconds(current):
+            entry["last_10_min"] = n
+    top_day, top_week = _top_sources(day_start=day_start, week_start=week_start)
     return {
         "benchmark_per_10_min": ISA_FLOOD_BENCHMARK,
         "lists_24h": sorted(lists.values(), key=lambda entry: (-entry["max_per_10_min"], entry["list_name"])),
@@ -687,14 +705,14 @@ def flood_report(*, now: datetime | None = None) -> dict[str, Any]:
     }
 
 
-def _top_sources(*, day_ago: datetime, week_ago: datetime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _top_sources(*, day_start: datetime, week_start: datetime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The top sources by count over the last day and over the last week, from one pass over
     the week's rows (a day's rows are the week's too): each source is counted for both, and
     ranked here."""
     suppressed = Q(status=Status.SUPPRESSED)
-    in_day = Q(created_at__gte=day_ago)
+    in_day = Q(created_at__gte=day_start)
     rows: Sequence[Mapping[str, Any]] = list(
-        Notification.objects.filter(created_at__gte=week_ago)
+        Notification.objects.filter(created_at__gte=week_start)
         .values("source_site_id", "source_instance_id")
         .annotate(
             week=Count("created_at"),

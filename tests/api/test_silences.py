@@ -1,7 +1,8 @@
 """The staff API of silences and the console's silence presets."""
 
 import json
-from datetime import datetime, timedelta
+import time
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -141,7 +142,18 @@ def test_an_ended_silence_offers_to_deliver_what_it_suppressed(db, api, operator
 # --- the flood report -----------------------------------------------------------------------------
 
 
+def _clear_of_an_interval_edge(seconds=15):
+    """Wait, if need be, until ``seconds`` into a 10-minute interval with ``seconds`` left, so
+    that rows made now (5 seconds old) and the report read next fall in one interval."""
+    into = timezone.now().timestamp() % 600
+    if into > 600 - seconds:
+        time.sleep(600 - into + seconds)
+    elif into < seconds:
+        time.sleep(seconds - into)
+
+
 def test_the_flood_report_counts_alarms_per_list_per_10_minutes_and_the_top_sources(operator_api, db):
+    _clear_of_an_interval_edge()
     for _ in range(12):
         make_notification(list_name="Operators", source_instance_id="LevelSwitch7")
     for _ in range(3):
@@ -160,6 +172,34 @@ def test_the_flood_report_counts_alarms_per_list_per_10_minutes_and_the_top_sour
         ("Pump3", 3),
     ]
     assert ("Old", 1) in [(e["source_instance_id"], e["count"]) for e in flood["top_sources_7d"]]
+
+
+def test_the_flood_report_counts_whole_10_minute_intervals_from_24_hours_and_7_days_ago(db):
+    from notifications.suppression import flood_report
+
+    interval = timedelta(minutes=10)
+    now = datetime.fromtimestamp(timezone.now().timestamp() // 600 * 600, tz=UTC) + timedelta(minutes=4)
+    day_start, week_start = now - timedelta(days=1, minutes=4), now - timedelta(days=7, minutes=4)
+    at = {
+        "DayEdge": day_start,  # 24 h 4 min ago, in the interval 24 hours ago: in the day
+        "BeforeDay": day_start - timedelta(seconds=1),
+        "WeekEdge": week_start,
+        "BeforeWeek": week_start - timedelta(seconds=1),
+        "Now": now - timedelta(minutes=1),
+    }
+    for source, created in at.items():
+        make_notification(list_name=f"List {source}", source_instance_id=source, created_at=created)
+
+    flood = flood_report(now=now)
+    assert {e["source_instance_id"] for e in flood["top_sources_24h"]} == {"DayEdge", "Now"}
+    assert {e["source_instance_id"] for e in flood["top_sources_7d"]} == {"DayEdge", "BeforeDay", "WeekEdge", "Now"}
+    by_list = {e["list_name"]: e for e in flood["lists_24h"]}
+    assert set(by_list) == {"List DayEdge", "List Now"}
+    assert by_list["List Now"]["last_10_min"] == 1 and by_list["List DayEdge"]["last_10_min"] == 0
+    # The next interval leaves the day's first one behind.
+    later = flood_report(now=now + interval)
+    assert {e["source_instance_id"] for e in later["top_sources_24h"]} == {"Now"}
+    assert by_list["List DayEdge"]["max_per_10_min"] == 1
 
 
 def test_the_flood_report_page_offers_a_one_click_silence_of_a_top_source(db):

@@ -1,7 +1,7 @@
 """The counts the database keeps (notifications.counts) equal the live counts of the rows after
 every kind of change: ingest, delivery, parking, an operator's Retry, Discard and Requeue, a
-bulk update, the purge and deletes; folded or not. On PostgreSQL the KPIs and trends read
-them; SQLite counts the rows."""
+bulk update, the purge and deletes; folded or not. On PostgreSQL the KPIs, the trends and the
+flood report read them; SQLite counts the rows."""
 
 import hashlib
 import itertools
@@ -25,9 +25,10 @@ from notifications.counts import (
     queued_by_channel,
 )
 from notifications.kpis import kpis_compute
-from notifications.models import DeliveryAttempt, FailedAttemptCount, Notification, NotificationCount
+from notifications.models import AlarmRateCount, DeliveryAttempt, FailedAttemptCount, Notification, NotificationCount
 from notifications.operations import notification_discard, notification_requeue, notification_retry
 from notifications.purge import notifications_purge
+from notifications.suppression import alarms_per_list, alarms_per_list_counted
 from tests.dispatch.conftest import queue, run_pass
 
 Status = Notification.Status
@@ -40,7 +41,7 @@ def make(status, *, age, site="plant-a", channel="email", **fields):
     values = {
         "notification_id": uuid.uuid4(),
         "type": channel,
-        "list_name": "Operators",
+        "list_name": ("Operators", "Shift leads", "Electrical")[n % 3],
         "subject": f"counted {n}",
         "source_site_id": site,
         "site_enqueued_at": created,
@@ -106,9 +107,28 @@ def failed_kept() -> Counter:
     return +sums
 
 
+def _ten_minutes(moment: datetime) -> datetime:
+    moment = moment.astimezone(UTC)
+    return moment.replace(minute=moment.minute // 10 * 10, second=0, microsecond=0)
+
+
+def alarms_live() -> Counter:
+    return Counter(
+        (_ten_minutes(created), name) for created, name in Notification.objects.values_list("created_at", "list_name")
+    )
+
+
+def alarms_kept() -> Counter:
+    sums: Counter = Counter()
+    for c in AlarmRateCount.objects.all():
+        sums[(c.bucket.astimezone(UTC), c.list_name)] += c.n
+    return +sums
+
+
 def assert_exact():
     assert kept() == live()
     assert failed_kept() == failed_live()
+    assert alarms_kept() == alarms_live()
     now = timezone.now()
     # The KPIs' failures by class: whole hours of counts and the shorter edge of an hour of
     # attempts, for an interval starting early or late in its hour, or on it.
@@ -118,6 +138,10 @@ def assert_exact():
             assert failures_since(start) == Counter(since_start.values_list("failure_class", flat=True))
     before = now - timedelta(minutes=10)
     assert kpis._open_figures_kept(before) == kpis._open_figures_counted(before)
+    # The flood report's alarms per list per 10 minutes, over a day and a week.
+    for intervals in (144, 1008):
+        start = _ten_minutes(now) - timedelta(minutes=10 * (intervals - 1))
+        assert sorted(alarms_per_list(start)) == sorted(alarms_per_list_counted(start))
     queued = Notification.objects.filter(status__in=Notification.NON_TERMINAL)
     assert queued_by_channel() == Counter(queued.values_list("type", flat=True))
     for hours in (24, 24 * 7):
@@ -229,6 +253,13 @@ def test_operator_actions_and_updates_change_the_counts_exactly(history, operato
     Notification.objects.filter(status=Status.RETRYING).update(claimed_by="w", claimed_until=timezone.now())
     assert NotificationCount.objects.count() == before  # a claim changes no count
     assert_exact()
+    # A row moved to another list and another time (nothing in the product does that) moves
+    # its alarm count too.
+    alarms = AlarmRateCount.objects.count()
+    moved = next(row for row in history if row.status == Status.DELIVERED)
+    Notification.objects.filter(pk=moved.pk).update(list_name="Moved", created_at=timezone.now() - timedelta(days=2))
+    assert AlarmRateCount.objects.count() > alarms
+    assert_exact()
 
 
 def test_attempts_that_fail_or_are_finished_change_the_failed_counts_exactly(history):
@@ -279,6 +310,23 @@ def test_the_migration_moves_rows_delivered_partially_to_their_keys_without_a_re
     assert_exact()
 
 
+def test_the_alarm_counts_migration_counts_the_rows_already_there(history):
+    """0041 on a table of rows it never saw: installing counts them all, and the triggers it
+    installs count what follows."""
+    from notifications.counts import alarm_counts_install, alarm_counts_uninstall
+
+    with connection.schema_editor() as editor:
+        alarm_counts_uninstall(editor)
+    AlarmRateCount.objects.all().delete()
+    Notification.objects.bulk_create([make(Status.PENDING, age=timedelta(minutes=m)) for m in range(5)])
+    assert not AlarmRateCount.objects.exists()
+    with connection.schema_editor() as editor:
+        alarm_counts_install(editor)
+    assert sum(AlarmRateCount.objects.values_list("n", flat=True)) == len(history) + 5
+    Notification.objects.bulk_create([make(Status.PENDING, age=timedelta(minutes=1))])
+    assert_exact()
+
+
 def test_failures_since_any_instant_are_whole_hours_of_counts_and_one_edge_of_attempts(history):
     # Failed attempts every 5 minutes of one hour, and instants throughout it: early ones take
     # the attempts before them from the counts, late ones add those after them.
@@ -318,8 +366,11 @@ def test_folding_keeps_every_sum_and_leaves_one_row_per_key(history, operator):
     assert not NotificationCount.objects.filter(folded=False).exists()
     keys = Counter(NotificationCount.objects.values_list("bucket", "status", "source_site_id", "type", "expired"))
     assert set(keys.values()) == {1}
+    assert not AlarmRateCount.objects.filter(folded=False).exists()
+    assert set(Counter(AlarmRateCount.objects.values_list("bucket", "list_name")).values()) == {1}
     assert_exact()
     NotificationCount.objects.all().delete()
+    AlarmRateCount.objects.all().delete()
     counts_rebuild()
     assert_exact()
 
