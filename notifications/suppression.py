@@ -682,7 +682,7 @@ def alarms_per_list(start: datetime) -> list[tuple[str, int, int]]:
 def flood_report(*, now: datetime | None = None) -> dict[str, Any]:
     """Alarms (every notification ingested, suppressed ones included: each was raised) per list
     per 10 minutes over the last 24 hours against the ISA-18.2 benchmark, and the top sources by
-    count over 24 hours and 7 days (docs/console.md, the flood report). The periods are whole
+    count over 24 hours and 7 days (docs/suppression.md, "Figures"). The periods are whole
     10-minute intervals: from the start of the interval 24 hours (7 days) ago to now."""
     now = now or database_now()
     current = _interval_start(now)
