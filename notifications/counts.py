@@ -184,6 +184,28 @@ GROUP BY {KEY_COLUMNS} HAVING sum(n) <> 0
 """
 
 
+def _fold_sql(table: str, key: str, *, lock_offset: int) -> str:
+    """The fold of a counts table whose keys (``key``, its columns) are never NULL: the rows of
+    the keys of up to %(rows)s unfolded rows summed into one row per key, in one statement,
+    unless another fold of the table holds its lock (``FOLD_LOCK`` + ``lock_offset``)."""
+    columns = key.split(", ")
+    return f"""
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock(%(lock)s + {lock_offset}) AS held
+), keys AS (
+    SELECT DISTINCT {key} FROM (
+        SELECT {key} FROM {table} WHERE NOT folded AND (SELECT held FROM lock) ORDER BY id LIMIT %(rows)s
+    ) AS changed
+), gone AS (
+    DELETE FROM {table} AS c USING keys AS k
+    WHERE {" AND ".join(f"c.{column} = k.{column}" for column in columns)}
+    RETURNING {", ".join(f"c.{column}" for column in columns)}, c.n
+)
+INSERT INTO {table} ({key}, n, folded)
+SELECT {key}, sum(n), true FROM gone GROUP BY {key} HAVING sum(n) <> 0
+"""
+
+
 # --- failed delivery attempts, by hour, site, channel and failure class -------------------------
 
 ATTEMPT_TABLE = "notifications_failedattemptcount"
@@ -201,26 +223,11 @@ def _failed_attempt_sql(*, by_class: bool, partial: bool = False) -> tuple[str, 
     SELECT date_trunc('hour', a.started_at, 'UTC') AS bucket, n.source_site_id, n.type{", a.failure_class" if by_class else ""}{", a.targets_delivered > 0 AS partial" if partial else ""}
     FROM {{source}} AS a JOIN {NOTIFICATIONS} AS n ON n.notification_id = a.notification_id
     WHERE a.failure_class <> ''"""
-    match = " AND ".join(f"c.{column} = k.{column}" for column in key.split(", "))
     rebuild = f"""
 INSERT INTO {ATTEMPT_TABLE} ({key}, n, folded)
 SELECT {key}, count(*), true FROM ({failed.format(source=ATTEMPTS)}) AS k GROUP BY {key}
 """
-    fold = f"""
-WITH lock AS (
-    SELECT pg_try_advisory_xact_lock(%(lock)s + 1) AS held
-), keys AS (
-    SELECT DISTINCT {key} FROM (
-        SELECT {key} FROM {ATTEMPT_TABLE} WHERE NOT folded AND (SELECT held FROM lock) ORDER BY id LIMIT %(rows)s
-    ) AS changed
-), gone AS (
-    DELETE FROM {ATTEMPT_TABLE} AS c USING keys AS k
-    WHERE {match}
-    RETURNING {", ".join(f"c.{column}" for column in key.split(", "))}, c.n
-)
-INSERT INTO {ATTEMPT_TABLE} ({key}, n, folded)
-SELECT {key}, sum(n), true FROM gone GROUP BY {key} HAVING sum(n) <> 0
-"""
+    fold = _fold_sql(ATTEMPT_TABLE, key, lock_offset=1)
     return _count_trigger_function_sql(ATTEMPT_FUNCTION, ATTEMPT_TABLE, key, failed), rebuild, fold
 
 
@@ -307,21 +314,7 @@ INSERT INTO {ALARM_TABLE} ({ALARM_KEY}, n, folded)
 SELECT {ALARM_KEY}, count(*), true FROM ({ALARM_ROWS_SQL.format(source=NOTIFICATIONS)}) AS k
 GROUP BY {ALARM_KEY}
 """
-ALARM_FOLD_SQL = f"""
-WITH lock AS (
-    SELECT pg_try_advisory_xact_lock(%(lock)s + 2) AS held
-), keys AS (
-    SELECT DISTINCT {ALARM_KEY} FROM (
-        SELECT {ALARM_KEY} FROM {ALARM_TABLE} WHERE NOT folded AND (SELECT held FROM lock) ORDER BY id LIMIT %(rows)s
-    ) AS changed
-), gone AS (
-    DELETE FROM {ALARM_TABLE} AS c USING keys AS k
-    WHERE c.bucket = k.bucket AND c.list_name = k.list_name
-    RETURNING c.bucket, c.list_name, c.n
-)
-INSERT INTO {ALARM_TABLE} ({ALARM_KEY}, n, folded)
-SELECT {ALARM_KEY}, sum(n), true FROM gone GROUP BY {ALARM_KEY} HAVING sum(n) <> 0
-"""
+ALARM_FOLD_SQL = _fold_sql(ALARM_TABLE, ALARM_KEY, lock_offset=2)
 
 
 def alarm_counts_install(schema_editor: Any) -> None:
