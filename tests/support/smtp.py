@@ -229,6 +229,8 @@ class SmtpServer:
         self.deferred: collections.Counter[str | None] = collections.Counter()  # by mode fail_first
         self.received: list[Received] = []
         self.ids: collections.Counter[str | None] = collections.Counter()
+        # Copies per (notification id, envelope recipient), kept even without the content.
+        self.copies: collections.Counter[tuple[str | None, str]] = collections.Counter()
         self.sessions: set[int] = set()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -293,6 +295,7 @@ class SmtpServer:
         notification_id = self.notification_id_of(envelope)
         with self._arrived:
             self.ids[notification_id] += 1
+            self.copies.update((notification_id, address.lower()) for address in envelope.rcpt_tos)
             self.accepted_times.append(time.monotonic())
             if self.keep_content:
                 self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), content, notification_id))
@@ -334,8 +337,15 @@ class SmtpServer:
             return collections.Counter(address.lower() for item in self.received for address in item.rcpt_tos)
 
     def count_by_notification_id(self) -> collections.Counter[str | None]:
+        """Messages received per notification id (one message may reach several recipients)."""
         with self._lock:
             return collections.Counter(self.ids)
+
+    def copies_by_notification_and_recipient(self) -> collections.Counter[tuple[str | None, str]]:
+        """Copies received per (notification id, envelope recipient in lower case): a
+        notification sent in two transactions, some recipients in each, is one copy each."""
+        with self._lock:
+            return collections.Counter(self.copies)
 
     def wait_for(self, count: int, timeout: float = 10.0) -> None:
         """Block until ``count`` messages have arrived; AssertionError after ``timeout`` s."""
@@ -351,6 +361,7 @@ class SmtpServer:
         with self._lock:
             self.received.clear()
             self.ids.clear()
+            self.copies.clear()
             self.sessions.clear()
             self.mail_options.clear()
             self.auth_attempts = 0
