@@ -547,9 +547,7 @@ def _insert_deciding(
             ids = [row["notification_id"] for row in rows]
             existing = set(Notification.objects.filter(pk__in=ids).values_list("pk", flat=True))
         decisions = list_decisions(site_id=site_id, list_name=list_name, now=now)
-        for row in rows:
-            if row["notification_id"] not in existing:
-                decisions.decide(row)
+        decisions.decide(row for row in rows if row["notification_id"] not in existing)
         for start in range(0, len(rows), INSERT_CHUNK):
             inserted.update(_insert(rows[start : start + INSERT_CHUNK], escalating=escalating))
         decisions.save(inserted)

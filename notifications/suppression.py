@@ -291,30 +291,46 @@ class _Anchor:
 _CAN_BE_ANCHOR = RawSQL("NOT dedup_key = '' AND suppressed_by = ''", (), output_field=BooleanField())
 
 
-def anchor_candidates(*, site_id: str, list_name: str, dedup_key: str) -> QuerySet[Notification]:
-    """The rows of a site, list and key that a new duplicate could be anchored to, newest first:
-    those that were not suppressed (a row delivered anyway keeps its ``suppressed_by``)."""
+def anchor_candidates(*, site_id: str, list_name: str, dedup_keys: Iterable[str]) -> QuerySet[Notification]:
+    """The rows of a site, list and keys that a new duplicate could be anchored to, newest
+    first: those that were not suppressed (a row delivered anyway keeps its ``suppressed_by``)."""
     return (
-        Notification.objects.filter(_CAN_BE_ANCHOR, source_site_id=site_id, list_name=list_name, dedup_key=dedup_key)
+        Notification.objects.filter(
+            _CAN_BE_ANCHOR, source_site_id=site_id, list_name=list_name, dedup_key__in=list(dedup_keys)
+        )
         .exclude(status=Status.SUPPRESSED)
         .order_by("-created_at")
     )
 
 
-def _anchor_find(*, site_id: str, list_name: str, dedup_key: str) -> _Anchor | None:
-    row = (
-        anchor_candidates(site_id=site_id, list_name=list_name, dedup_key=dedup_key)
-        .values("notification_id", "created_at", "priority", "acknowledged_at", "cleared_at")
-        .first()
-    )
-    if row is None:
-        return None
-    return _Anchor(
-        notification_id=row["notification_id"],
-        created_at=row["created_at"],
-        priority=row["priority"],
-        open=row["acknowledged_at"] is None and row["cleared_at"] is None,
-    )
+# Keys looked up in one query (SQLite allows 999 parameters in a statement before 3.32).
+_ANCHOR_KEYS_PER_QUERY = 500
+
+
+def _anchors_find(*, site_id: str, list_name: str, dedup_keys: set[str], since: datetime) -> dict[str, _Anchor | None]:
+    """The anchor of each key: its newest candidate created after ``since`` (the start of the
+    dedup window; an older one anchors nothing), or None. One query per 500 keys, so that a
+    batch of many keys costs a round trip, not one per key; within a window a key has few
+    candidates (its anchor, and a row that broke through or followed an acknowledgement)."""
+    found: dict[str, _Anchor | None] = dict.fromkeys(dedup_keys)
+    keys = sorted(dedup_keys)
+    for start in range(0, len(keys), _ANCHOR_KEYS_PER_QUERY):
+        candidates = (
+            anchor_candidates(
+                site_id=site_id, list_name=list_name, dedup_keys=keys[start : start + _ANCHOR_KEYS_PER_QUERY]
+            )
+            .filter(created_at__gt=since)
+            .values_list("dedup_key", "notification_id", "created_at", "priority", "acknowledged_at", "cleared_at")
+        )
+        for key, notification_id, created_at, priority, acknowledged_at, cleared_at in candidates:
+            if found[key] is None:  # newest first: the first one met is the anchor
+                found[key] = _Anchor(
+                    notification_id=notification_id,
+                    created_at=created_at,
+                    priority=priority,
+                    open=acknowledged_at is None and cleared_at is None,
+                )
+    return found
 
 
 class _ListDecisions:
@@ -330,9 +346,28 @@ class _ListDecisions:
         # Per row decided: the anchor it was counted to and the window it was counted in.
         self.counted: dict[Any, tuple[_Anchor | None, FloodWindow | None]] = {}
 
-    def decide(self, row: dict[str, Any]) -> None:
-        if row["status"] == Status.SUPPRESSED:
-            return
+    def decide(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Decide ``rows``, in order (each may be the anchor of those after it); the anchors of
+        their keys are looked up together first."""
+        rows = [row for row in rows if row["status"] != Status.SUPPRESSED]
+        if self.rules.dedup_window_seconds:
+            # The keys not seen yet, each looked up under the list's name as its first row spells it.
+            spelled: dict[str, str] = {}
+            for row in rows:
+                if row.get("dedup_key") and row["dedup_key"] not in self.anchors:
+                    spelled.setdefault(row["dedup_key"], row["list_name"])
+            keys: dict[str, set[str]] = {}
+            for key, list_name in spelled.items():
+                keys.setdefault(list_name, set()).add(key)
+            since = self.now - timedelta(seconds=self.rules.dedup_window_seconds)
+            for list_name, dedup_keys in keys.items():
+                self.anchors.update(
+                    _anchors_find(site_id=self.site_id, list_name=list_name, dedup_keys=dedup_keys, since=since)
+                )
+        for row in rows:
+            self._decide(row)
+
+    def _decide(self, row: dict[str, Any]) -> None:
         if self.rules.dedup_window_seconds and row.get("dedup_key") and self._duplicate(row):
             return
         if self.rules.flood_threshold:
@@ -340,9 +375,7 @@ class _ListDecisions:
 
     def _duplicate(self, row: dict[str, Any]) -> bool:
         key = row["dedup_key"]
-        if key not in self.anchors:
-            self.anchors[key] = _anchor_find(site_id=self.site_id, list_name=row["list_name"], dedup_key=key)
-        anchor = self.anchors[key]
+        anchor = self.anchors[key]  # looked up by decide()
         window = timedelta(seconds=self.rules.dedup_window_seconds)
         inside = anchor is not None and anchor.open and anchor.created_at > self.now - window
         if anchor is not None and inside and row["priority"] <= anchor.priority:

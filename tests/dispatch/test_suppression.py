@@ -338,8 +338,47 @@ def test_a_chattering_key_finds_its_anchor_without_reading_the_duplicates_suppre
         read = rows_read_from_notifications() - before
         assert read < 20, f"{read} rows read to ingest one duplicate of a key with 2,000 suppressed ones"
     else:  # SQLite counts nothing of the kind: its plan names the index
-        candidates = anchor_candidates(site_id="plant-a", list_name="Operators", dedup_key="pump-3-level")
+        candidates = anchor_candidates(site_id="plant-a", list_name="Operators", dedup_keys=["pump-3-level"])
         assert "USING INDEX notif_dedup_anchor_idx" in candidates[:1].explain()
+
+
+def test_a_batch_of_many_keys_looks_their_anchors_up_in_one_query(api, smtp_config):
+    """An agent forwarding a backlog sends batches of many keys: their anchors are read in one
+    query, not one per key, and each key is decided as a single post would decide it — a key
+    with an open anchor inside the window is a duplicate, one whose anchor is older than the
+    window or acknowledged is not, a new key is sent once and its repeats in the batch are
+    duplicates of it."""
+    list_settings(dedup_window_seconds=3600)
+    inside = [send(api, dedup_key=f"inside-{n}") for n in range(20)]
+    old = [send(api, dedup_key=f"old-{n}") for n in range(10)]
+    Notification.objects.filter(pk__in=[record["notification_id"] for record in old]).update(
+        created_at=timezone.now() - timedelta(hours=2)
+    )
+    acked = send(api, dedup_key="acked")
+    Notification.objects.filter(pk=acked["notification_id"]).update(acknowledged_at=timezone.now())
+    payloads = (
+        [make_payload(dedup_key=f"inside-{n}") for n in range(20)]
+        + [make_payload(dedup_key=f"old-{n}") for n in range(10)]
+        + [make_payload(dedup_key="acked")]
+        + [make_payload(dedup_key=f"new-{n}") for n in range(30) for _ in range(2)]
+    )
+    with CaptureQueriesContext(connection) as queries:
+        send_batch(api, payloads)
+    lookups = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT") and "dedup_key" in q["sql"]]
+    assert len(lookups) == 1, lookups
+
+    def fate(payload):
+        stored = Notification.objects.get(pk=payload["notification_id"])
+        return stored.suppressed_by
+
+    anchors = {record["dedup_key"]: record["notification_id"] for record in inside}
+    for payload in payloads[:20]:
+        assert fate(payload) == f"duplicate:{anchors[payload['dedup_key']]}"
+    assert [fate(payload) for payload in payloads[20:31]] == [""] * 11  # a new anchor each
+    news = payloads[31:]
+    for first, second in zip(news[::2], news[1::2], strict=True):
+        assert (fate(first), fate(second)) == ("", f"duplicate:{first['notification_id']}")
+    assert all(row(record).occurrences == 2 for record in inside)
 
 
 @pytest.mark.usefixtures("dedup_path")
