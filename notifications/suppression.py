@@ -419,11 +419,15 @@ class _ListDecisions:
                 window.count -= 1
         for window in self.windows.values():
             window.save()
+        # One statement per number of duplicates (a batch of many keys has few distinct ones).
+        by_number: dict[int, list[Any]] = {}
         for anchor in self.counting:
             if anchor.duplicates:
-                Notification.objects.filter(pk=anchor.notification_id).update(
-                    occurrences=F("occurrences") + anchor.duplicates, last_occurrence_at=self.now
-                )
+                by_number.setdefault(anchor.duplicates, []).append(anchor.notification_id)
+        for number, anchor_ids in by_number.items():
+            Notification.objects.filter(pk__in=anchor_ids).update(
+                occurrences=F("occurrences") + number, last_occurrence_at=self.now
+            )
 
 
 def _flood_window(*, site_id: str, list_name: str, channel: str, now: datetime) -> FloodWindow:

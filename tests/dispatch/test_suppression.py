@@ -342,9 +342,9 @@ def test_a_chattering_key_finds_its_anchor_without_reading_the_duplicates_suppre
         assert "USING INDEX notif_dedup_anchor_idx" in candidates[:1].explain()
 
 
-def test_a_batch_of_many_keys_looks_their_anchors_up_in_one_query(api, smtp_config):
+def test_a_batch_of_many_keys_looks_their_anchors_up_and_counts_them_in_one_query_each(api, smtp_config):
     """An agent forwarding a backlog sends batches of many keys: their anchors are read in one
-    query, not one per key, and each key is decided as a single post would decide it — a key
+    query, not one per key, counted in one statement per number of duplicates, and each key is decided as a single post would decide it — a key
     with an open anchor inside the window is a duplicate, one whose anchor is older than the
     window or acknowledged is not, a new key is sent once and its repeats in the batch are
     duplicates of it."""
@@ -366,6 +366,10 @@ def test_a_batch_of_many_keys_looks_their_anchors_up_in_one_query(api, smtp_conf
         send_batch(api, payloads)
     lookups = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT") and "dedup_key" in q["sql"]]
     assert len(lookups) == 1, lookups
+    counted = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE") and "occurrences" in q["sql"]
+    ]
+    assert len(counted) == 1, counted  # 50 anchors, each counted once more, in one statement
 
     def fate(payload):
         stored = Notification.objects.get(pk=payload["notification_id"])
