@@ -65,15 +65,7 @@ def client_loop(args: tuple[int, str, float, bool]) -> tuple[int, int]:
     created = errors = 0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        payload: dict[str, Any] = {
-            "notification_id": str(uuid.uuid4()),
-            "list_name": "Operators",
-            "subject": "Pump 3 tripped",
-            "body": "Pump 3 tripped on overcurrent at 10:00; operator attention required.",
-            "source_instance_id": "Pump3",
-        }
-        if keyed:
-            payload["dedup_key"] = f"pump-3-{uuid.uuid4().hex[:12]}"  # distinct: never a duplicate
+        payload = payload_new(keyed=keyed)
         try:
             conn.request("POST", "/api/v1/notifications/", json.dumps(payload), headers)
             response = conn.getresponse()
@@ -118,24 +110,36 @@ def suppression_set(on: bool, *, settle: bool = True, dedup: bool = True) -> Non
         time.sleep(RULES_SETTLE_SECONDS)  # the web processes
 
 
+def payload_new(*, keyed: bool) -> dict[str, Any]:
+    """A new notification to the Operators list; with a ``dedup_key`` of its own if ``keyed``
+    (distinct: never a duplicate)."""
+    payload: dict[str, Any] = {
+        "notification_id": str(uuid.uuid4()),
+        "list_name": "Operators",
+        "subject": "Pump 3 tripped",
+        "body": "Pump 3 tripped on overcurrent at 10:00; operator attention required.",
+        "source_instance_id": "Pump3",
+    }
+    if keyed:
+        payload["dedup_key"] = f"pump-3-{uuid.uuid4().hex[:12]}"
+    return payload
+
+
+def _validated(*, keyed: bool, site_id: str) -> Any:
+    from notifications.ingest import notification_validate
+
+    item, rejection = notification_validate(payload_new(keyed=keyed), site_id=site_id)
+    assert item is not None, rejection
+    return item
+
+
 def ingest_in_process(count: int, *, keyed: bool, site_id: str = "demo-site") -> float:
     """Ingest ``count`` single notifications, one call each as one request makes it: per second."""
-    from notifications.ingest import notification_validate, notifications_ingest
+    from notifications.ingest import notifications_ingest
 
     started = time.perf_counter()
     for _ in range(count):
-        payload: dict[str, Any] = {
-            "notification_id": str(uuid.uuid4()),
-            "list_name": "Operators",
-            "subject": "Pump 3 tripped",
-            "body": "Pump 3 tripped on overcurrent at 10:00; operator attention required.",
-            "source_instance_id": "Pump3",
-        }
-        if keyed:
-            payload["dedup_key"] = f"pump-3-{uuid.uuid4().hex[:12]}"
-        item, rejection = notification_validate(payload, site_id=site_id)
-        assert item is not None, rejection
-        outcome = notifications_ingest(site_id=site_id, inputs=[item])
+        outcome = notifications_ingest(site_id=site_id, inputs=[_validated(keyed=keyed, site_id=site_id)])
         assert outcome[0].result == "created"
     return count / (time.perf_counter() - started)
 
@@ -143,23 +147,10 @@ def ingest_in_process(count: int, *, keyed: bool, site_id: str = "demo-site") ->
 def ingest_batch_in_process(size: int, *, keyed: bool, site_id: str = "demo-site") -> float:
     """Ingest one batch of ``size`` notifications in one call, as one batch request makes it
     (every key distinct: an agent forwarding a backlog of different alarms): per second."""
-    from notifications.ingest import notification_validate, notifications_ingest
+    from notifications.ingest import notifications_ingest
 
-    items = []
     started = time.perf_counter()
-    for _ in range(size):
-        payload: dict[str, Any] = {
-            "notification_id": str(uuid.uuid4()),
-            "list_name": "Operators",
-            "subject": "Pump 3 tripped",
-            "body": "Pump 3 tripped on overcurrent at 10:00; operator attention required.",
-            "source_instance_id": "Pump3",
-        }
-        if keyed:
-            payload["dedup_key"] = f"pump-3-{uuid.uuid4().hex[:12]}"
-        item, rejection = notification_validate(payload, site_id=site_id)
-        assert item is not None, rejection
-        items.append(item)
+    items = [_validated(keyed=keyed, site_id=site_id) for _ in range(size)]
     outcomes = notifications_ingest(site_id=site_id, inputs=items)
     assert {outcome.result for outcome in outcomes} == {"created"}
     return size / (time.perf_counter() - started)
